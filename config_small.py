@@ -1,0 +1,31 @@
+"""Zaremba et al. (2014) small PTB config: 2 x 200 LSTM, no dropout, 13 epochs."""
+
+init_scale = 0.1
+num_epochs = 13
+hidden_size = 200
+keep_prob = 1.0
+batch_size = 20
+num_steps = 20
+
+cell = {
+    "type": "LSTMBlockCell",
+    "kwargs": {"num_units": hidden_size, "forget_bias": 0.0},
+    "dropout": {"output_keep_prob": keep_prob},
+    "num_layers": 2,
+}
+emb = {"dim": hidden_size, "dropout_rate": 1.0 - keep_prob}
+opt = {
+    "optimizer": {"type": "GradientDescentOptimizer", "kwargs": {"learning_rate": 1.0}},
+    "gradient_clip": {"type": "clip_by_global_norm", "kwargs": {"clip_norm": 5.0}},
+    "learning_rate_decay": {
+        "type": "exponential_decay",
+        "kwargs": {"decay_steps": 1, "decay_rate": 0.5, "staircase": True},
+        "start_decay_step": 3,  # epochs 0-3 at lr 1.0, then halve every epoch
+    },
+}
+
+
+def default_hparams():
+    return {"init_scale": init_scale, "num_epochs": num_epochs, "hidden_size": hidden_size,
+            "keep_prob": keep_prob, "batch_size": batch_size, "num_steps": num_steps,
+            "cell": cell, "emb": emb, "opt": opt}

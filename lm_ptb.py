@@ -1,0 +1,23 @@
+"""Train the Zaremba LSTM language model on PTB in one process.
+
+    python lm_ptb.py --config config_small --data_path ./data/ptb
+    python lm_ptb.py --config config_small --set num_epochs=1 --output_dir out
+
+The loop is texar_lite.trainer.train_and_evaluate; lm_ptb_distributed.py runs
+the same loop with Horovod.
+"""
+import sys
+
+from texar_lite import cli, context
+
+
+def main(argv=None):
+    args = cli.parse_args(argv, distributed=False)
+    ctx = context.LocalContext()
+    intra, inter = context.configure_cpu_threads(local_size=1)
+    device = "GPU:0" if context.pin_gpu(local_rank=0) else "CPU"
+    return cli.run(args, ctx, intra, inter, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

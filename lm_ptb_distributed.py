@@ -1,0 +1,29 @@
+"""Train the Zaremba LSTM language model on PTB data-parallel with Horovod.
+
+    mpirun -np 2 -H host1:1,host2:1 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH \
+        -mca pml ob1 -mca btl tcp,self python lm_ptb_distributed.py --config config_small
+    horovodrun -np 2 -H host1:1,host2:1 python lm_ptb_distributed.py --config config_small
+
+Without a launcher it trains serially (world size 1). The loop is
+texar_lite.trainer.train_and_evaluate, the same one lm_ptb.py runs.
+"""
+import sys
+
+from texar_lite import cli, context
+
+
+def main(argv=None):
+    args = cli.parse_args(argv, distributed=True)
+    hvd = cli.import_horovod()
+    # Horovod: 1. Start Horovod: rank, size and local_rank come from the launcher.
+    hvd.init()
+    cli.check_world_size(hvd.size())
+    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
+    # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
+    intra, inter = context.configure_cpu_threads(local_size=hvd.local_size())
+    device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
+    return cli.run(args, ctx, intra, inter, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Checkpoints that rank 0 writes and every rank resumes from exactly.
+
+A checkpoint holds the weights, the optimizer slots and the position in
+training: epoch, step inside the epoch, the LSTM state of every global batch
+row, the running loss and time of that epoch, and the metrics so far. Dropout
+masks are a function of (seed, epoch, step, row), so the position is all the
+RNG state there is. The LSTM state is kept for the global batch, not per rank,
+so a 2-rank checkpoint resumes on 1 rank (and back) at the same global batch.
+"""
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint; the message says what to pass instead."""
+
+
+class TrainCheckpoint:
+    def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3):
+        self.ctx = ctx
+        self.plan = plan
+        self.model = model
+        self.directory = os.path.join(output_dir, "checkpoints")
+        self.best_directory = os.path.join(output_dir, "best")
+        layers, units = config["cell"]["num_layers"], config["cell"]["kwargs"]["num_units"]
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.global_batch = tf.Variable(plan.global_batch, dtype=tf.int64, trainable=False)
+        self.lstm_state = tf.Variable(tf.zeros([layers, 2, plan.global_batch, units]), trainable=False)
+        self.costs = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.best_valid = tf.Variable(np.inf, dtype=tf.float64, trainable=False)
+        self.metrics = tf.Variable("[]", dtype=tf.string, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(
+            model=model, optimizer=optimizer, epoch=self.epoch, step=self.step,
+            global_batch=self.global_batch, lstm_state=self.lstm_state, costs=self.costs,
+            elapsed=self.elapsed, best_valid=self.best_valid, metrics=self.metrics)
+        self.manager = self.best_manager = None
+        if ctx.is_chief:
+            self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep)
+            self.best_manager = tf.train.CheckpointManager(self.checkpoint, self.best_directory, max_to_keep=1)
+
+    @staticmethod
+    def fresh_progress():
+        return {"epoch": 0, "step": 0, "state": None, "costs": 0.0, "elapsed": 0.0, "metrics": []}
+
+    def _global_state(self, state):
+        """Gathers every rank's [L, 2, rows, H] state into the global [L, 2, B, H]."""
+        rows_first = tf.transpose(state, [2, 0, 1, 3])
+        gathered = self.ctx.allgather_rows(rows_first, name="checkpoint_state")
+        return tf.transpose(gathered, [1, 2, 0, 3])
+
+    def save(self, epoch, step, state, costs, elapsed, metrics, name=None, valid_ppl=None):
+        """Called on every rank; rank 0 writes. Returns the checkpoint path (rank 0) or None.
+
+        (epoch, step) is where training resumes: step 0 means the epoch's start.
+        """
+        global_state = self._global_state(state) if state is not None else None
+        if not self.ctx.is_chief:
+            return None
+        self.epoch.assign(epoch)
+        self.step.assign(step)
+        self.costs.assign(costs)
+        self.elapsed.assign(elapsed)
+        self.metrics.assign(json.dumps(metrics))
+        if global_state is not None:
+            self.lstm_state.assign(global_state)
+        else:
+            self.lstm_state.assign(tf.zeros_like(self.lstm_state))
+        # CheckpointManager writes the data files first and then swaps the
+        # index file in with an atomic rename: a kill mid-save leaves the
+        # previous checkpoint as the latest one.
+        path = self.manager.save()
+        if valid_ppl is not None and valid_ppl < float(self.best_valid.numpy()):
+            self.best_valid.assign(valid_ppl)
+            self.best_manager.save()
+        del name
+        return path
+
+    def _restore_on_chief(self, resume):
+        path = self.manager.latest_checkpoint if resume == "latest" else resume
+        if resume != "latest" and os.path.isdir(resume):
+            path = tf.train.latest_checkpoint(resume)
+        if not path:
+            where = self.directory if resume == "latest" else resume
+            raise CheckpointError(f"--resume: no checkpoint in {where}; train without --resume first, "
+                                  "or pass --resume PATH to a checkpoint")
+        try:
+            self.checkpoint.restore(path).expect_partial()
+        except (tf.errors.OpError, ValueError, AssertionError) as err:
+            raise CheckpointError(f"--resume: cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+        if int(self.global_batch.numpy()) != self.plan.global_batch:
+            raise CheckpointError(
+                f"--resume: {path} was trained with global batch {int(self.global_batch.numpy())}, "
+                f"this run has {self.plan.global_batch}; resume with the same global batch")
+        return {"path": path, "epoch": int(self.epoch.numpy()), "step": int(self.step.numpy()),
+                "state": self.lstm_state.numpy(), "costs": float(self.costs.numpy()),
+                "elapsed": float(self.elapsed.numpy()), "metrics": json.loads(self.metrics.numpy().decode()),
+                "best_valid": float(self.best_valid.numpy())}
+
+    def restore(self, resume):
+        """Rank 0 restores `resume` ("latest" or a path); every rank gets the position.
+
+        The weights and optimizer slots reach the other ranks through the
+        variable broadcast that follows in the training loop.
+        """
+        payload = None
+        if self.ctx.is_chief:
+            try:
+                payload = self._restore_on_chief(resume)
+            except CheckpointError as err:
+                payload = {"error": str(err)}
+        payload = self.ctx.broadcast_object(payload, name="resume_position")
+        if "error" in payload:
+            raise CheckpointError(payload["error"])
+        self.best_valid.assign(payload["best_valid"])
+        rows = self.plan.rows_per_rank
+        start = self.ctx.rank * rows
+        payload["state"] = tf.constant(payload["state"][:, :, start:start + rows])
+        return payload

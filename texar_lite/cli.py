@@ -1,0 +1,205 @@
+"""The command line shared by lm_ptb.py and lm_ptb_distributed.py.
+
+Errors a user can fix end in one line on stderr and exit status 2 (usage and
+config) or 1 (data, checkpoints, training), decided alike on every rank.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import ptb_reader
+from texar_lite import config as config_lib
+from texar_lite import faults, logs, trainer
+from texar_lite.checkpointing import CheckpointError
+
+USAGE_EXIT, ERROR_EXIT = 2, 1
+
+# Variables that MPI and Gloo launchers set in every process they start.
+LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+class UsageError(ValueError):
+    """A bad command-line value other than the config (paths, flags)."""
+
+
+def build_parser(distributed):
+    parser = argparse.ArgumentParser(
+        description="Train the Zaremba LSTM language model on PTB"
+                    + (" with Horovod (run under mpirun or horovodrun)." if distributed else "."),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default="config_small",
+                        help="config module name (config_small, config_medium, config_large) or a .py path")
+    parser.add_argument("--data_path", default="./data/ptb",
+                        help="folder with ptb.{train,valid,test}.txt; PTB is downloaded there if ptb.train.txt "
+                             "is missing (PTB_URL overrides the URL)")
+    parser.add_argument("--output_dir", default="./output",
+                        help="where metrics.jsonl, results.json and checkpoints go (rank 0 writes)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, dotted for nested keys, e.g. --set num_epochs=1 "
+                             "--set opt.gradient_clip.kwargs.clip_norm=2; repeatable")
+    parser.add_argument("--seed", type=int, default=1234, help="weight init and dropout seed")
+    parser.add_argument("--resume", nargs="?", const="latest", default="",
+                        help="continue from the latest checkpoint in output_dir, or from PATH")
+    parser.add_argument("--keep_checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
+    parser.add_argument("--max_steps_per_epoch", type=int, default=0,
+                        help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
+    parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
+    parser.add_argument("--fault", default="", help=argparse.SUPPRESS)
+    if distributed:
+        group = parser.add_argument_group("Horovod")
+        group.add_argument("--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
+                           help="master: rank 0 logs; workers: every rank logs (own file with -l); "
+                                "collect: every rank's lines go to rank 0's output")
+        group.add_argument("--eval_mode", choices=("chief", "distributed"), default="chief",
+                           help="chief: rank 0 evaluates while the others wait; "
+                                "distributed: each rank scores a slice and the sums are allreduced")
+        group.add_argument("--fp16_allreduce", action="store_true",
+                           help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
+        group.add_argument("--sparse_as_dense", action="store_true",
+                           help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
+    return parser
+
+
+def parse_args(argv=None, distributed=False):
+    args = build_parser(distributed).parse_args(argv)
+    for name, default in (("mpi_log", "master"), ("eval_mode", "chief"),
+                          ("fp16_allreduce", False), ("sparse_as_dense", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    return args
+
+
+def launcher_size():
+    """The process count a launcher announced, or 1 when there is none."""
+    for var in LAUNCHER_SIZE_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+def import_horovod():
+    """Imports horovod.tensorflow, or exits with one line saying how to fix it."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as err:
+        where = f" (a launcher started {launcher_size()} processes)" if launcher_size() > 1 else ""
+        _fail(f"cannot import horovod.tensorflow{where}: {err}. Run scripts/setup.sh (make setup), "
+              "or use lm_ptb.py for single-process training", ERROR_EXIT)
+    return hvd
+
+
+def check_world_size(size):
+    """Refuses to train N independent copies when Horovod did not see the launcher."""
+    expected = launcher_size()
+    if expected > 1 and size != expected:
+        _fail(f"the launcher started {expected} processes but Horovod sees a world of {size}: "
+              "Horovod was built without this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) "
+              "or launch with horovodrun", ERROR_EXIT)
+
+
+def _fail(message, code):
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def check_output_dir(path, config, vocab_size, keep):
+    """Fails before training if checkpoints cannot be written to `path`."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--output_dir {path} is a file; pass a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write_test.{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as err:
+        raise UsageError(f"--output_dir {path} is not writable ({err.strerror}); "
+                         "pass a folder you can write to") from None
+    hidden, layers = config["hidden_size"], config["cell"]["num_layers"]
+    params = vocab_size * hidden * 2 + layers * 8 * hidden * hidden + vocab_size
+    # Weights plus up to two optimizer slots per checkpoint, kept + best + one being written.
+    needed = params * 4 * 3 * (keep + 2)
+    free = shutil.disk_usage(path).free
+    if free < needed:
+        raise UsageError(f"--output_dir {path} has {free / 1e6:.0f} MB free, checkpoints need about "
+                         f"{needed / 1e6:.0f} MB; free some space or pass another folder")
+
+
+def _prepare(args, ctx):
+    """Loads config and data; raises the user-fixable errors."""
+    config = config_lib.load_config(args.config, args.set)
+    faults.parse_fault(args.fault)
+    options = trainer.RunOptions(
+        output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
+        max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
+        fault=args.fault)
+    if args.keep_checkpoints < 1:
+        raise UsageError("--keep_checkpoints must be at least 1")
+    data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
+    if ctx.is_chief:
+        check_output_dir(args.output_dir, config, data.vocab_size, args.keep_checkpoints)
+    return config, data, options
+
+
+EXIT_CODES = (
+    ((config_lib.ConfigError, UsageError), USAGE_EXIT),
+    ((ptb_reader.PTBDataError, CheckpointError, trainer.TrainingError, ValueError), ERROR_EXIT),
+)
+
+
+def _exit_code(err):
+    for types, code in EXIT_CODES:
+        if isinstance(err, types):
+            return code
+    return None
+
+
+def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
+    """Runs training for the parsed `args` on `ctx`; returns the exit status."""
+    rank_logging = logs.RankLogging(ctx, args.mpi_log, args.log_path)
+    # Only a run whose ranks all reach the end together may close the log
+    # collector collectively; after a one-rank failure that would hang.
+    in_step = True
+    try:
+        failure, prepared = None, None
+        try:
+            prepared = _prepare(args, ctx)
+        except Exception as err:  # user mistakes become one line; anything else is a bug
+            code = _exit_code(err)
+            if code is None:
+                raise
+            failure = (code, str(err))
+        agreed = ctx.first_failure(failure)
+        if agreed is not None:
+            rank, (code, message) = agreed
+            if ctx.is_chief or rank == ctx.rank:
+                origin = f" (rank {rank})" if ctx.distributed and rank != 0 else ""
+                print(f"error{origin}: {message}", file=sys.stderr, flush=True)
+            return code
+        config, data, options = prepared
+        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx))
+        try:
+            results = trainer.train_and_evaluate(config, data, ctx, options)
+        except trainer.TrainingInterrupted as err:
+            # Every rank saw the same stop flag: they leave together.
+            print(f"{'error: ' if ctx.is_chief else ''}{err}", file=sys.stderr, flush=True)
+            return 128 + int(err.signum)
+        except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError) as err:
+            # Raised alike on every rank (a NaN in the allreduced loss, a
+            # broadcast resume error), so the ranks still leave together.
+            if ctx.is_chief or not isinstance(err, trainer.TrainingError):
+                print(f"error: {err}", file=sys.stderr, flush=True)
+            return _exit_code(err)
+        if ctx.is_chief:
+            summary = {k: results[k] for k in ("config", "epochs", "train_ppl", "valid_ppl", "test_ppl",
+                                               "avg_epoch_time_s", "wps", "world_size", "global_batch_size")}
+            print("results: " + json.dumps(summary), flush=True)
+        return 0
+    except BaseException:
+        in_step = False
+        raise
+    finally:
+        rank_logging.close(collective=in_step)
+

@@ -1,0 +1,119 @@
+"""Loading a config module (`--config config_small` or a path) and its --set overrides."""
+import importlib
+import importlib.util
+import math
+import os
+import sys
+
+from texar_lite import decoder, embedder, optimization
+from texar_lite.hparams import HParamsError, merge, parse_override
+
+REQUIRED_KEYS = ("init_scale", "num_epochs", "hidden_size", "keep_prob", "batch_size", "num_steps",
+                 "cell", "emb", "opt")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message is one line naming the fix."""
+
+
+def schema():
+    """Every key a config may hold, with the type each must have.
+
+    The optional keys' values here are their defaults.
+    """
+    return {
+        "init_scale": 0.1,
+        "num_epochs": 13,
+        "hidden_size": 200,
+        "keep_prob": 1.0,
+        "batch_size": 20,
+        "num_steps": 20,
+        "vocab_size": 10000,
+        # "global" (Texar): batch_size is split across ranks. "per_worker"
+        # (DeePMD-kit): every rank takes batch_size rows.
+        "batch_mode": "global",
+        # auto = linear in per_worker mode, none in global mode.
+        "learning_rate": {"scale_by_worker": "auto"},
+        # float32, or mixed_bfloat16 (bf16 matmuls, fp32 weights and loss).
+        "precision": "float32",
+        "cell": decoder.default_hparams(),
+        "emb": embedder.default_hparams(),
+        "opt": optimization.default_hparams(),
+    }
+
+
+def _import_config(name):
+    """Imports a module name (looked up from the working directory too) or a .py path."""
+    try:
+        if name.endswith(".py") or os.sep in name:
+            if not os.path.isfile(name):
+                raise ConfigError(f"--config {name}: no such file")
+            spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name != name:
+            raise ConfigError(f"--config {name}: it imports {err.name!r}, which is not installed") from None
+        raise ConfigError(f"unknown --config {name!r}: no module {name}.py here; "
+                          "use config_small, config_medium, config_large or a path to a .py file") from None
+    except SyntaxError as err:
+        raise ConfigError(f"--config {name}: syntax error in {err.filename} line {err.lineno}: {err.msg}") from None
+
+
+def load_config(name, overrides=()):
+    """Returns the merged, type-checked and validated config as a plain dict."""
+    module = _import_config(name)
+    if not callable(getattr(module, "default_hparams", None)):
+        raise ConfigError(f"--config {name}: the module has no default_hparams() function")
+    values = module.default_hparams()
+    missing = [key for key in REQUIRED_KEYS if key not in values]
+    if missing:
+        raise ConfigError(f"--config {name} is missing {', '.join(missing)}; see config_small.py for every key")
+    try:
+        config = merge(values, schema())
+        for text in overrides:
+            config = merge(parse_override(text, config), config)
+    except HParamsError as err:
+        raise ConfigError(str(err)) from None
+    config["name"] = getattr(module, "__name__", name)
+    validate(config)
+    return config
+
+
+def validate(config):
+    def need(ok, message):
+        if not ok:
+            raise ConfigError(message)
+
+    for key in ("num_epochs", "hidden_size", "batch_size", "num_steps", "vocab_size"):
+        need(config[key] > 0, f"{key} must be > 0, got {config[key]}")
+    need(0.0 < config["keep_prob"] <= 1.0, f"keep_prob must be in (0, 1], got {config['keep_prob']}")
+    need(config["init_scale"] > 0, f"init_scale must be > 0, got {config['init_scale']}")
+    need(config["batch_mode"] in ("global", "per_worker"),
+         f"batch_mode must be global or per_worker, got {config['batch_mode']!r}")
+    need(config["learning_rate"]["scale_by_worker"] in ("auto", "linear", "sqrt", "none"),
+         f"learning_rate.scale_by_worker must be auto, linear, sqrt or none, "
+         f"got {config['learning_rate']['scale_by_worker']!r}")
+    need(config["precision"] in ("float32", "mixed_bfloat16"),
+         f"precision must be float32 or mixed_bfloat16, got {config['precision']!r}")
+    cell = config["cell"]
+    need(cell["num_layers"] > 0, f"cell.num_layers must be > 0, got {cell['num_layers']}")
+    need(cell["kwargs"].get("num_units", 1) > 0, "cell.kwargs.num_units must be > 0")
+    keep = cell["dropout"]["output_keep_prob"]
+    need(0.0 < keep <= 1.0, f"cell.dropout.output_keep_prob must be in (0, 1], got {keep}")
+    need(0.0 <= config["emb"]["dropout_rate"] < 1.0,
+         f"emb.dropout_rate must be in [0, 1), got {config['emb']['dropout_rate']}")
+    lr = config["opt"]["optimizer"]["kwargs"].get("learning_rate")
+    need(isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0,
+         f"opt.optimizer.kwargs.learning_rate must be a finite number > 0, got {lr!r}")
+    try:
+        optimization.optimizer_class(config["opt"]["optimizer"]["type"])
+        optimization.learning_rate_at_epoch(config["opt"], 0)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ConfigError(str(err)) from None
+    need(config["cell"]["type"] in decoder.CELL_TYPES,
+         f"cell.type {config['cell']['type']!r} is not supported; use one of {', '.join(decoder.CELL_TYPES)}")

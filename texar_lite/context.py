@@ -1,0 +1,188 @@
+"""Where distribution lives: the one object the training loop asks about ranks.
+
+LocalContext is a world of one process. HorovodContext wraps an initialised
+`horovod.tensorflow` module; its numbered `# Horovod:` lines continue the ones
+in lm_ptb_distributed.py.
+"""
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+# While rank 0 evaluates alone, the other ranks wait in a chain of tiny
+# broadcasts, one every few seconds, instead of one collective that would sit
+# unanswered past HOROVOD_STALL_CHECK_TIME_SECONDS (60 s) and warn.
+HEARTBEAT_SECONDS = 5.0
+
+
+class LocalContext:
+    distributed = False
+    rank = 0
+    size = 1
+    local_rank = 0
+    local_size = 1
+    is_chief = True
+
+    def wrap_tape(self, tape):
+        return tape
+
+    def broadcast_variables(self, variables):
+        del variables
+
+    def allreduce(self, tensor, op="mean", name=None):
+        del op, name
+        return tensor
+
+    def allgather_rows(self, tensor, name=None):
+        del name
+        return tensor
+
+    def broadcast_object(self, obj, name=None):
+        del name
+        return obj
+
+    def allgather_object(self, obj, name=None):
+        del name
+        return [obj]
+
+    def first_failure(self, failure):
+        """failure is None or (exit_code, message) on this rank.
+
+        Returns (rank, failure) of the lowest failing rank, or None, and the
+        same on every rank, so that all of them stop alike.
+        """
+        return (0, failure) if failure is not None else None
+
+    def run_on_chief(self, compute):
+        """Runs compute(heartbeat) on rank 0 and hands its float result to every rank."""
+        return compute(lambda: None)
+
+    def versions(self):
+        return {"horovod": None, "mpi": None}
+
+
+class HorovodContext(LocalContext):
+    distributed = True
+
+    def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False):
+        self.hvd = hvd
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+        self.local_rank = hvd.local_rank()
+        self.local_size = hvd.local_size()
+        self.is_chief = self.rank == 0
+        self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+        self.sparse_as_dense = sparse_as_dense
+
+    def wrap_tape(self, tape):
+        # Horovod: 3. Average the gradients over all ranks before they are
+        # applied: the "distributed optimizer" for a GradientTape.
+        return self.hvd.DistributedGradientTape(
+            tape, compression=self.compression, sparse_as_dense=self.sparse_as_dense)
+
+    def broadcast_variables(self, variables):
+        # Horovod: 4. Start every rank from rank 0's weights and optimizer
+        # slots (or from the checkpoint that rank 0 restored).
+        self.hvd.broadcast_variables(variables, root_rank=0)
+
+    def allreduce(self, tensor, op="mean", name=None):
+        ops = {"mean": self.hvd.Average, "sum": self.hvd.Sum, "max": self.hvd.Max}
+        return self.hvd.allreduce(tensor, op=ops[op], name=name)
+
+    def allgather_rows(self, tensor, name=None):
+        return self.hvd.allgather(tensor, name=name)
+
+    def broadcast_object(self, obj, name=None):
+        return self.hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def allgather_object(self, obj, name=None):
+        return self.hvd.allgather_object(obj, name=name)
+
+    def first_failure(self, failure):
+        failures = self.allgather_object(failure, name="first_failure")
+        return next(((rank, f) for rank, f in enumerate(failures) if f is not None), None)
+
+    def run_on_chief(self, compute):
+        # Messages are [status, value]: 0 = still working, 1 = done, 2 = failed.
+        def send(status, value=0.0):
+            message = tf.constant([status, value], dtype=tf.float64)
+            return self.hvd.broadcast(message, root_rank=0, name="chief_rendezvous").numpy()
+
+        if self.is_chief:
+            last = [time.monotonic()]
+
+            def heartbeat():
+                if time.monotonic() - last[0] >= HEARTBEAT_SECONDS:
+                    send(0.0)
+                    last[0] = time.monotonic()
+
+            try:
+                value = compute(heartbeat)
+            except BaseException:
+                send(2.0)
+                raise
+            send(1.0, value)
+            return value
+        while True:
+            status, value = send(0.0)
+            if status == 1.0:
+                return float(value)
+            if status == 2.0:
+                raise RuntimeError("rank 0 failed while evaluating; see its log")
+
+    def versions(self):
+        mpi = None
+        if self.hvd.mpi_built() and self.hvd.mpi_enabled():
+            mpi = _open_mpi_version()
+        return {"horovod": self.hvd.__version__ if hasattr(self.hvd, "__version__") else _horovod_version(),
+                "mpi": mpi}
+
+
+def _horovod_version():
+    import horovod
+    return horovod.__version__
+
+
+def _open_mpi_version():
+    import subprocess
+    try:
+        out = subprocess.run(["ompi_info", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    first = out.strip().splitlines()[0] if out.strip() else "unknown"
+    return first
+
+
+def configure_cpu_threads(local_size):
+    """Splits the host's cores between the ranks on it; returns (intra, inter).
+
+    TF_INTRA_OP_PARALLELISM_THREADS and TF_INTER_OP_PARALLELISM_THREADS
+    override the split, as in DeePMD-kit. Must run before TensorFlow starts.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    intra = int(os.environ.get("TF_INTRA_OP_PARALLELISM_THREADS", max(1, cores // max(1, local_size))))
+    inter = int(os.environ.get("TF_INTER_OP_PARALLELISM_THREADS", 1 if local_size > 1 else 2))
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    return intra, inter
+
+
+def pin_gpu(local_rank):
+    """Makes GPU number local_rank the only one this process sees; returns True if pinned."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return False
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    return True
+
+
+def weights_digest(variables):
+    """A short hash of the variable values, to compare ranks without moving weights."""
+    import hashlib
+    digest = hashlib.sha256()
+    for var in variables:
+        digest.update(np.ascontiguousarray(var.numpy()).tobytes())
+    return digest.hexdigest()[:16]

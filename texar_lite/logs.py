@@ -1,0 +1,205 @@
+"""Logging for one or many ranks, with DeePMD-kit's --mpi-log modes.
+
+master   only rank 0 logs (to stdout and --log-path).
+workers  every rank logs, each line prefixed with its rank; with --log-path,
+         rank k writes its own file, PATH for rank 0 and PATH.rank<k> for the rest.
+collect  every rank's lines reach rank 0, which prints and files them, each
+         prefixed with its rank. They travel over a TCP connection to rank 0,
+         so this works across hosts too.
+"""
+import logging
+import os
+import socket
+import sys
+import threading
+
+log = logging.getLogger("lm_ptb")
+MODES = ("master", "workers", "collect")
+FORMAT = "%(asctime)s %(prefix)s%(message)s"
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, prefix):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record):
+        if not hasattr(record, "prefix"):
+            record.prefix = self.prefix
+        return True
+
+
+class _SocketLineHandler(logging.Handler):
+    """Sends formatted lines to rank 0's collector."""
+
+    def __init__(self, sock):
+        super().__init__()
+        self.sock = sock
+
+    def emit(self, record):
+        try:
+            line = self.format(record).replace("\n", " | ") + "\n"
+            self.sock.sendall(line.encode())
+        except OSError:
+            self.handleError(record)
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            self.sock.close()
+        finally:
+            super().close()
+
+
+class _Collector:
+    """Rank 0's side of collect mode: one thread per connected rank."""
+
+    def __init__(self, handlers):
+        self.handlers = handlers
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("0.0.0.0", 0))
+        self.server.listen()
+        self.threads = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def port(self):
+        return self.server.getsockname()[1]
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._read, args=(conn,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _read(self, conn):
+        with conn, conn.makefile("r", encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                for handler in self.handlers:
+                    handler.stream.write(line)
+                    handler.flush()
+
+    def close(self, timeout=5.0):
+        for thread in self.threads:
+            thread.join(timeout)
+        self.server.close()
+
+
+def _addresses():
+    names = {"127.0.0.1"}
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return sorted(names, key=lambda a: a.startswith("127."))
+
+
+class RankLogging:
+    """Sets up the 'lm_ptb' logger for this rank; close() flushes collect mode."""
+
+    def __init__(self, ctx, mode="master", log_path=None):
+        if mode not in MODES:
+            raise ValueError(f"--mpi-log {mode!r}: use one of {', '.join(MODES)}")
+        self.ctx, self.mode = ctx, mode
+        self.collector = None
+        self.handlers = []
+        log.handlers.clear()
+        log.propagate = False
+        log.setLevel(logging.INFO)
+        prefix = f"[rank {ctx.rank}] " if ctx.distributed and mode != "master" else ""
+        formatter = logging.Formatter(FORMAT, datefmt="%H:%M:%S")
+        if mode == "collect" and ctx.distributed:
+            self._setup_collect(formatter, prefix, log_path)
+        elif ctx.is_chief or mode == "workers":
+            self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
+            if log_path:
+                path = log_path if ctx.is_chief else f"{log_path}.rank{ctx.rank}"
+                self._add(_file_handler(path), formatter, prefix)
+        else:
+            log.addHandler(logging.NullHandler())
+
+    def _add(self, handler, formatter, prefix):
+        handler.setFormatter(formatter)
+        handler.addFilter(_RankFilter(prefix))
+        log.addHandler(handler)
+        self.handlers.append(handler)
+
+    def _setup_collect(self, formatter, prefix, log_path):
+        if self.ctx.is_chief:
+            self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
+            if log_path:
+                self._add(_file_handler(log_path), formatter, prefix)
+            self.collector = _Collector([h for h in self.handlers])
+            where = {"addresses": _addresses(), "port": self.collector.port}
+        else:
+            where = None
+        where = self.ctx.broadcast_object(where, name="log_collector")
+        if self.ctx.is_chief:
+            return
+        for address in where["addresses"]:
+            try:
+                sock = socket.create_connection((address, where["port"]), timeout=5)
+                sock.settimeout(None)
+                self._add(_SocketLineHandler(sock), formatter, prefix)
+                return
+            except OSError:
+                continue
+        # Rank 0 is unreachable from here: log locally rather than not at all.
+        self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
+        log.warning("--mpi-log collect: cannot reach rank 0 at %s:%s; logging here instead",
+                    where["addresses"], where["port"])
+
+    def close(self, collective=True):
+        for handler in self.handlers:
+            handler.flush()
+            if isinstance(handler, _SocketLineHandler):
+                handler.close()
+        if collective and self.mode == "collect" and self.ctx.distributed:
+            # Every sender has closed its socket once this returns; then rank 0
+            # drains them before exiting.
+            self.ctx.allgather_object(None, name="log_close")
+            if self.collector:
+                self.collector.close()
+
+
+def _file_handler(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    return logging.FileHandler(path, mode="a")
+
+
+def training_summary(ctx, intra_threads, inter_threads, device, versions):
+    """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
+    hosts = ctx.allgather_object(socket.gethostname(), name="summary_hosts")
+    gpus = _visible_gpus()
+    rows = [
+        ("running", f"distributed, {ctx.size} ranks" if ctx.distributed else "serial"),
+        ("world size", ctx.size),
+        ("my rank", ctx.rank),
+        ("node list", ", ".join(sorted(set(hosts))) + f" ({len(set(hosts))} nodes)"),
+        ("this host", socket.gethostname()),
+        ("computing device", device),
+        ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
+        ("visible GPUs", gpus),
+        ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
+        ("TensorFlow", versions.get("tensorflow")),
+        ("Horovod", versions.get("horovod") or "not used"),
+        ("MPI", versions.get("mpi") or "not used"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = ["---Summary of the training" + "-" * 40]
+    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    lines.append("-" * 66)
+    for line in lines:
+        log.info(line)
+    return dict(rows)
+
+
+def _visible_gpus():
+    import tensorflow as tf
+    return len(tf.config.list_physical_devices("GPU"))

@@ -1,0 +1,27 @@
+"""The PTB language model: WordEmbedder -> LSTMDecoder -> logits."""
+import tensorflow as tf
+
+from texar_lite.decoder import LSTMDecoder
+from texar_lite.embedder import WordEmbedder
+
+
+class LanguageModel(tf.Module):
+    def __init__(self, config, vocab_size, seed, name="lm"):
+        super().__init__(name=name)
+        scale = config["init_scale"]
+        # Zaremba: every weight uniform in [-init_scale, init_scale].
+        init = tf.keras.initializers.RandomUniform(-scale, scale, seed=seed)
+        with self.name_scope:
+            self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
+            self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init)
+
+    @property
+    def vocab_size(self):
+        return self.decoder.output_kernel.shape[1]
+
+    def zero_state(self, batch_size):
+        return self.decoder.zero_state(batch_size)
+
+    def __call__(self, ids, state, dropout=None):
+        """ids [T, B] time-major -> logits [T, B, V], final state [L, 2, B, H]."""
+        return self.decoder(self.embedder(ids, dropout), state, dropout)

@@ -1,0 +1,301 @@
+"""The one training loop: train_and_evaluate(config, data, ctx, options).
+
+lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
+(texar_lite/context.py), which is where every rank-dependent decision lives.
+"""
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import signal
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import ptb_reader
+from texar_lite import optimization
+from texar_lite.checkpointing import TrainCheckpoint
+from texar_lite.config import ConfigError
+from texar_lite.context import weights_digest
+from texar_lite.dropout import RowDropout
+from texar_lite.faults import FaultInjector
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.model import LanguageModel
+
+log = logging.getLogger("lm_ptb")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (a NaN loss, say); the message names the step."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """A SIGTERM or SIGINT reached some rank; a checkpoint was saved."""
+
+    def __init__(self, message, signum):
+        super().__init__(message)
+        self.signum = signum
+
+
+@dataclasses.dataclass
+class RunOptions:
+    output_dir: str = "output"
+    seed: int = 1234
+    eval_mode: str = "chief"          # chief: rank 0 alone; distributed: each rank a slice
+    resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
+    max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
+    keep_checkpoints: int = 3
+    record_step_losses: bool = False  # adds results["step_losses"] (one float per step)
+    fault: str = ""                   # fault injection for tests, see texar_lite/faults.py
+
+
+@dataclasses.dataclass
+class BatchPlan:
+    """How the configured batch maps onto ranks, and the learning-rate scale."""
+    rows_per_rank: int
+    global_batch: int
+    lr_scale: float
+
+    @classmethod
+    def from_config(cls, config, size):
+        batch, mode = config["batch_size"], config["batch_mode"]
+        scale_mode = config["learning_rate"]["scale_by_worker"]
+        if scale_mode == "auto":
+            scale_mode = "linear" if mode == "per_worker" else "none"
+        if mode == "per_worker":
+            return cls(batch, batch * size, optimization.worker_lr_scale(scale_mode, size))
+        if batch % size:
+            raise ConfigError(
+                f"batch_size {batch} is not divisible by {size} ranks: use a batch_size that is a "
+                f"multiple of the world size, or --set batch_mode=per_worker")
+        return cls(batch // size, batch, optimization.worker_lr_scale(scale_mode, size))
+
+
+class _Signals:
+    """Turns SIGTERM/SIGINT into a flag that the ranks agree on at the next step."""
+
+    def __init__(self):
+        self.received = 0
+        self._previous = {}
+
+    def __enter__(self):
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread (e.g. inside some test runners)
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        del frame
+        self.received = self.received or signum
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _make_train_step(model, optimizer, config, ctx, plan, seed):
+    variables = model.trainable_variables
+    opt_hparams = config["opt"]
+
+    @tf.function
+    def train_step(x, y, state, epoch, step, stop_flag):
+        inputs, targets = tf.transpose(x), tf.transpose(y)
+        dropout = RowDropout(seed, epoch, step, ctx.rank * plan.rows_per_rank, plan.global_batch)
+        with tf.GradientTape() as tape:
+            logits, new_state = model(inputs, state, dropout)
+            loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True)
+        tape = ctx.wrap_tape(tape)
+        grads = tape.gradient(loss, variables)
+        grads, _ = optimization.clip_gradients(grads, opt_hparams)
+        optimizer.apply_gradients(zip(grads, variables))
+        # One small allreduce gives every rank the global loss and tells it
+        # whether any rank wants to stop, so all ranks decide alike.
+        shared = ctx.allreduce(tf.stack([loss, stop_flag]), op="mean", name="loss_and_stop")
+        return shared[0], new_state, shared[1] > 0
+
+    return train_step
+
+
+def _make_eval_step(model):
+    @tf.function
+    def eval_step(x, y, state):
+        logits, new_state = model(tf.transpose(x), state)
+        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.transpose(y), logits=logits)
+        return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
+
+    return eval_step
+
+
+def _score(eval_step, model, data, batch_size, num_steps, rank, size, heartbeat=lambda: None):
+    """Returns (summed NLL, token count) of this rank's rows of `data`."""
+    state = model.zero_state(batch_size // size)
+    total, tokens = 0.0, 0
+    for x, y in ptb_reader.ptb_iterator(data, batch_size, num_steps, rank, size):
+        nll, state = eval_step(x, y, state)
+        total += float(nll)
+        tokens += y.size
+        heartbeat()
+    return total, tokens
+
+
+def evaluate(model, eval_step, data, config, ctx, eval_mode):
+    """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank."""
+    batch, steps = config["batch_size"], config["num_steps"]
+    if eval_mode == "distributed":
+        nll, tokens = _score(eval_step, model, data, batch, steps, ctx.rank, ctx.size)
+        summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
+        return math.exp(float(summed[0]) / float(summed[1]))
+
+    def on_chief(heartbeat):
+        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1, heartbeat)
+        return math.exp(nll / tokens)
+
+    return ctx.run_on_chief(on_chief)
+
+
+def _atomic_write(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def versions(ctx):
+    return {"tensorflow": tf.__version__, "python": platform.python_version(), **ctx.versions()}
+
+
+def train_and_evaluate(config, data, ctx, options=None):
+    """Trains config on data (a ptb_reader.PTBData) and returns the results dict.
+
+    Rank 0 also writes output_dir/metrics.jsonl, results.json and checkpoints.
+    """
+    opts = options or RunOptions()
+    plan = BatchPlan.from_config(config, ctx.size)
+    if opts.eval_mode == "distributed" and config["batch_size"] % ctx.size:
+        raise ptb_reader.PTBDataError(
+            f"--eval_mode distributed splits batch_size {config['batch_size']} over {ctx.size} ranks: "
+            "it must divide evenly; use --eval_mode chief")
+    num_steps, epochs = config["num_steps"], config["num_epochs"]
+    for split, batch in (("train", plan.global_batch), ("valid", config["batch_size"]),
+                         ("test", config["batch_size"])):
+        try:  # fail before training, not at the first evaluation
+            next(ptb_reader.ptb_iterator(getattr(data, split), batch, num_steps))
+        except ptb_reader.PTBDataError as err:
+            raise ptb_reader.PTBDataError(f"ptb.{split}.txt: {err}") from None
+    epoch_size = ptb_reader.num_steps_per_epoch(len(data.train), plan.global_batch, num_steps)
+    if opts.max_steps_per_epoch:
+        epoch_size = min(epoch_size, opts.max_steps_per_epoch)
+    log.info("global batch %d (%d rows x %d ranks, batch_mode=%s), num_steps %d, %d steps per epoch",
+             plan.global_batch, plan.rows_per_rank, ctx.size, config["batch_mode"], num_steps, epoch_size)
+
+    # Different seeds per rank on purpose: only the broadcast below makes the
+    # ranks agree, and a test checks that it does.
+    model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank)
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    init_digest = weights_digest(model.trainable_variables)
+
+    checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, plan, config,
+                                 keep=opts.keep_checkpoints)
+    progress = checkpoint.restore(opts.resume) if opts.resume else checkpoint.fresh_progress()
+    ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
+    digests = ctx.allgather_object(
+        {"before_broadcast": init_digest, "after_broadcast": weights_digest(model.trainable_variables)},
+        name="init_digests")
+
+    train_step = _make_train_step(model, optimizer, config, ctx, plan, opts.seed)
+    eval_step = _make_eval_step(model)
+    faults = FaultInjector(opts.fault, ctx.rank)
+    metrics = progress["metrics"]
+    step_losses = []
+    if ctx.is_chief:
+        os.makedirs(opts.output_dir, exist_ok=True)
+        _atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
+                      "".join(json.dumps(m) + "\n" for m in metrics))
+
+    with _Signals() as signals:
+        for epoch in range(progress["epoch"], epochs):
+            lr = optimization.learning_rate_at_epoch(config["opt"], epoch) * plan.lr_scale
+            optimizer.learning_rate.assign(lr)
+            log.info("epoch %d/%d: learning rate %.6g", epoch + 1, epochs, lr)
+            start_step = progress["step"] if epoch == progress["epoch"] else 0
+            state = progress["state"] if start_step else model.zero_state(plan.rows_per_rank)
+            costs = progress["costs"] if start_step else 0.0
+            elapsed = progress["elapsed"] if start_step else 0.0
+            tick = time.perf_counter()
+            log_every = max(1, epoch_size // 10)
+            epoch_t = tf.constant(epoch, tf.int64)
+            batches = ptb_reader.ptb_iterator(data.train, plan.global_batch, num_steps, ctx.rank, ctx.size)
+            for step, (x, y) in enumerate(batches):
+                if step >= epoch_size:
+                    break
+                if step < start_step:
+                    continue
+                faults.maybe_fire(epoch, step)
+                loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
+                                               tf.constant(1.0 if signals.received else 0.0))
+                loss = float(loss)
+                if not math.isfinite(loss):
+                    raise TrainingError(
+                        f"loss is {loss} at epoch {epoch + 1} step {step + 1} (learning rate {lr:g}): "
+                        "lower opt.optimizer.kwargs.learning_rate or check the data")
+                costs += loss
+                if opts.record_step_losses:
+                    step_losses.append(loss)
+                done = step + 1
+                if bool(stop):
+                    seconds = elapsed + time.perf_counter() - tick
+                    path = checkpoint.save(epoch, done, state, costs, seconds, metrics, name="interrupted")
+                    raise TrainingInterrupted(
+                        f"stopped by signal at epoch {epoch + 1} step {done}; checkpoint {path}. "
+                        f"Resume with --resume --output_dir {opts.output_dir}",
+                        signals.received or signal.SIGTERM)
+                if done % log_every == 0 or done == epoch_size:
+                    seconds = elapsed + time.perf_counter() - tick
+                    log.info("%.3f perplexity: %.3f speed: %.0f wps", done / epoch_size,
+                             math.exp(costs / done / num_steps),
+                             (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
+            seconds = elapsed + time.perf_counter() - tick
+            train_ppl = math.exp(costs / epoch_size / num_steps)
+            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode)
+            wps = epoch_size * plan.global_batch * num_steps / seconds
+            record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
+                      "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
+            metrics.append(record)
+            log.info("epoch %d/%d: train perplexity %.3f, valid perplexity %.3f, lr %.6g, %.1f s, %.0f wps",
+                     epoch + 1, epochs, train_ppl, valid_ppl, lr, seconds, wps)
+            if ctx.is_chief:
+                with open(os.path.join(opts.output_dir, "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            checkpoint.save(epoch + 1, 0, None, 0.0, 0.0, metrics, valid_ppl=valid_ppl)
+            progress = checkpoint.fresh_progress()
+
+    test_ppl = evaluate(model, eval_step, data.test, config, ctx, opts.eval_mode)
+    log.info("test perplexity %.3f", test_ppl)
+    final_digests = ctx.allgather_object(weights_digest(model.trainable_variables), name="final_digests")
+    results = {
+        "config": config.get("name", "config"),
+        "epochs": len(metrics),
+        "train_ppl": metrics[-1]["train_ppl"] if metrics else None,
+        "valid_ppl": metrics[-1]["valid_ppl"] if metrics else None,
+        "test_ppl": test_ppl,
+        "avg_epoch_time_s": float(np.mean([m["epoch_time_s"] for m in metrics])) if metrics else None,
+        "wps": float(np.mean([m["wps"] for m in metrics])) if metrics else None,
+        "world_size": ctx.size,
+        "global_batch_size": plan.global_batch,
+        "learning_rate_scale": plan.lr_scale,
+        "versions": versions(ctx),
+        "weights_digest_per_rank": final_digests,
+        "init_digests_per_rank": digests,
+        "hparams": {k: v for k, v in config.items() if k != "name"},
+    }
+    if ctx.is_chief:
+        _atomic_write(os.path.join(opts.output_dir, "results.json"), json.dumps(results, indent=2) + "\n")
+    if opts.record_step_losses:
+        results["step_losses"] = step_losses
+    return results
