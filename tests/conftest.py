@@ -1,0 +1,58 @@
+"""Shared fixtures: the synthetic corpus, the tiny config, and launchers with hard timeouts."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import synthetic_ptb  # noqa: E402
+
+PYTHON = sys.executable
+TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
+AGENT = os.path.join(ROOT, "tests", "rsh_agent.sh")
+# Open MPI refuses root without these; --oversubscribe lets -np 3/4 run on 2 cores.
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
+          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH",
+          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="session")
+def synthetic_corpus(tmp_path_factory):
+    """A small synthetic PTB-format corpus and its true perplexity."""
+    path = tmp_path_factory.mktemp("synthetic")
+    info = synthetic_ptb.write_synthetic_corpus(str(path), vocab=250, successors=4,
+                                                train_words=200000, seed=1234)
+    return str(path), info["true_perplexity"]
+
+
+def run_command(cmd, timeout, env=None, cwd=ROOT):
+    """Runs cmd with a hard wall-clock timeout: a hang fails the test, it never blocks CI.
+
+    The command gets its own process group, so a timeout kills mpirun and
+    every rank it started, not only the launcher.
+    """
+    full_env = dict(os.environ, **QUIET_ENV, **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\nstdout: {out}\nstderr: {err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def lm_ptb(args, timeout=300, env=None):
+    return run_command([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args], timeout, env)
+
+
+def mpirun(np, args, timeout=300, env=None, extra_mpi=()):
+    """lm_ptb_distributed.py under mpirun -np N on localhost."""
+    return run_command([*MPIRUN, *extra_mpi, "-np", str(np), PYTHON,
+                        os.path.join(ROOT, "lm_ptb_distributed.py"), *args], timeout, env)
