@@ -45,6 +45,8 @@ def build_parser(distributed):
     parser.add_argument("--keep_checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     parser.add_argument("--max_steps_per_epoch", type=int, default=0,
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
+    parser.add_argument("--record_step_losses", action="store_true",
+                        help="add every step's global training loss to results.json (for equivalence checks)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
     parser.add_argument("--fault", default="", help=argparse.SUPPRESS)
     if distributed:
@@ -134,7 +136,7 @@ def _prepare(args, ctx):
     options = trainer.RunOptions(
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        fault=args.fault)
+        record_step_losses=args.record_step_losses, fault=args.fault)
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])

@@ -1,6 +1,8 @@
 """A multi-layer LSTM decoder with an output layer, from Texar-style `cell` hparams."""
 import tensorflow as tf
 
+from texar_lite.initializers import uniform_initializer
+
 from texar_lite.hparams import HParams
 
 # Texar's LSTM cell types. All of them compute the same BasicLSTMCell
@@ -37,7 +39,7 @@ class LSTMDecoder(tf.Module):
         self.forget_bias = float(kwargs.forget_bias) if "forget_bias" in kwargs else 1.0
         self.num_layers = self.hparams.num_layers
         self.output_keep_prob = self.hparams.dropout.output_keep_prob
-        init = initializer or tf.keras.initializers.RandomUniform(-0.1, 0.1)
+        init = initializer or uniform_initializer(0.1)
         units = self.num_units
         self.input_kernels, self.recurrent_kernels, self.biases = [], [], []
         with self.name_scope:

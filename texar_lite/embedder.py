@@ -1,6 +1,8 @@
 """WordEmbedder: an id -> vector lookup table, as Texar's."""
 import tensorflow as tf
 
+from texar_lite.initializers import uniform_initializer
+
 from texar_lite.hparams import HParams
 
 
@@ -12,7 +14,7 @@ class WordEmbedder(tf.Module):
     def __init__(self, vocab_size, hparams=None, initializer=None, name="word_embedder"):
         super().__init__(name=name)
         self.hparams = HParams(hparams, default_hparams())
-        init = initializer or tf.keras.initializers.RandomUniform(-0.1, 0.1)
+        init = initializer or uniform_initializer(0.1)
         with self.name_scope:
             self.embedding = tf.Variable(init([vocab_size, self.hparams.dim]), name="embedding")
 

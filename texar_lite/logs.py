@@ -203,3 +203,36 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
 def _visible_gpus():
     import tensorflow as tf
     return len(tf.config.list_physical_devices("GPU"))
+
+
+class StepProgress:
+    """A one-line progress bar for the steps of an epoch, only on a terminal.
+
+    The periodic log lines carry the same information for files and CI.
+    """
+
+    def __init__(self, enabled=True, stream=None, min_interval=0.5):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled and self.stream.isatty()
+        self.min_interval = min_interval
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, epoch, step, total, perplexity):
+        import time
+        now = time.monotonic()
+        if not self.enabled or now - self.last < self.min_interval:
+            return
+        self.last = now
+        width = 30
+        filled = int(width * step / total)
+        self.stream.write(f"\repoch {epoch} [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{step}/{total} perplexity {perplexity:.2f} ")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self):
+        if self.shown:
+            self.stream.write("\r" + " " * 79 + "\r")
+            self.stream.flush()
+            self.shown = False

@@ -3,14 +3,13 @@ import tensorflow as tf
 
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.embedder import WordEmbedder
+from texar_lite.initializers import uniform_initializer
 
 
 class LanguageModel(tf.Module):
     def __init__(self, config, vocab_size, seed, name="lm"):
         super().__init__(name=name)
-        scale = config["init_scale"]
-        # Zaremba: every weight uniform in [-init_scale, init_scale].
-        init = tf.keras.initializers.RandomUniform(-scale, scale, seed=seed)
+        init = uniform_initializer(config["init_scale"], seed)
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
             self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init)

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import ptb_reader
-from texar_lite import optimization
+from texar_lite import logs, optimization
 from texar_lite.checkpointing import TrainCheckpoint
 from texar_lite.config import ConfigError
 from texar_lite.context import weights_digest
@@ -96,6 +96,19 @@ class _Signals:
     def __exit__(self, *exc):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+
+
+class _TensorBoard:
+    """Rank 0's per-epoch scalars: perplexities, learning rate and speed."""
+
+    def __init__(self, logdir):
+        self.writer = tf.summary.create_file_writer(logdir)
+
+    def write(self, record):
+        with self.writer.as_default(step=record["epoch"]):
+            for key in ("train_ppl", "valid_ppl", "lr", "wps"):
+                tf.summary.scalar(key, record[key])
+        self.writer.flush()
 
 
 def _make_train_step(model, optimizer, config, ctx, plan, seed):
@@ -212,6 +225,8 @@ def train_and_evaluate(config, data, ctx, options=None):
     eval_step = _make_eval_step(model)
     faults = FaultInjector(opts.fault, ctx.rank)
     metrics = progress["metrics"]
+    board = _TensorBoard(os.path.join(opts.output_dir, "tensorboard")) if ctx.is_chief else None
+    bar = logs.StepProgress(enabled=ctx.is_chief)
     step_losses = []
     if ctx.is_chief:
         os.makedirs(opts.output_dir, exist_ok=True)
@@ -245,6 +260,7 @@ def train_and_evaluate(config, data, ctx, options=None):
                         f"loss is {loss} at epoch {epoch + 1} step {step + 1} (learning rate {lr:g}): "
                         "lower opt.optimizer.kwargs.learning_rate or check the data")
                 costs += loss
+                bar.update(epoch + 1, step + 1, epoch_size, math.exp(costs / (step + 1) / num_steps))
                 if opts.record_step_losses:
                     step_losses.append(loss)
                 done = step + 1
@@ -256,6 +272,7 @@ def train_and_evaluate(config, data, ctx, options=None):
                         f"Resume with --resume --output_dir {opts.output_dir}",
                         signals.received or signal.SIGTERM)
                 if done % log_every == 0 or done == epoch_size:
+                    bar.clear()
                     seconds = elapsed + time.perf_counter() - tick
                     log.info("%.3f perplexity: %.3f speed: %.0f wps", done / epoch_size,
                              math.exp(costs / done / num_steps),
@@ -267,6 +284,8 @@ def train_and_evaluate(config, data, ctx, options=None):
             record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
                       "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
             metrics.append(record)
+            if board:
+                board.write(record)
             log.info("epoch %d/%d: train perplexity %.3f, valid perplexity %.3f, lr %.6g, %.1f s, %.0f wps",
                      epoch + 1, epochs, train_ppl, valid_ppl, lr, seconds, wps)
             if ctx.is_chief:
@@ -294,8 +313,8 @@ def train_and_evaluate(config, data, ctx, options=None):
         "init_digests_per_rank": digests,
         "hparams": {k: v for k, v in config.items() if k != "name"},
     }
-    if ctx.is_chief:
-        _atomic_write(os.path.join(opts.output_dir, "results.json"), json.dumps(results, indent=2) + "\n")
     if opts.record_step_losses:
         results["step_losses"] = step_losses
+    if ctx.is_chief:
+        _atomic_write(os.path.join(opts.output_dir, "results.json"), json.dumps(results, indent=2) + "\n")
     return results
