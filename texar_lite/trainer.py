@@ -255,7 +255,9 @@ def train_and_evaluate(config, data, ctx, options=None):
                 loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
                                                tf.constant(1.0 if signals.received else 0.0))
                 loss = float(loss)
-                if not math.isfinite(loss):
+                # Past ~709 nats per token the perplexity overflows a float:
+                # the model has diverged as surely as with a NaN.
+                if not math.isfinite(loss) or loss / num_steps > 700:
                     raise TrainingError(
                         f"loss is {loss} at epoch {epoch + 1} step {step + 1} (learning rate {lr:g}): "
                         "lower opt.optimizer.kwargs.learning_rate or check the data")
