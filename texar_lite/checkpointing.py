@@ -9,6 +9,7 @@ so a 2-rank checkpoint resumes on 1 rank (and back) at the same global batch.
 """
 import json
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -18,11 +19,18 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint; the message says what to pass instead."""
 
 
+def _reason(err):
+    """The cause in one line, without TensorFlow's op and function decorations."""
+    text = err.message if isinstance(err, tf.errors.OpError) else str(err)
+    return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", text.splitlines()[0]).strip()
+
+
 class TrainCheckpoint:
     def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3):
         self.ctx = ctx
         self.plan = plan
         self.model = model
+        self.optimizer = optimizer
         self.directory = os.path.join(output_dir, "checkpoints")
         self.best_directory = os.path.join(output_dir, "best")
         layers, units = config["cell"]["num_layers"], config["cell"]["kwargs"]["num_units"]
@@ -53,31 +61,50 @@ class TrainCheckpoint:
         gathered = self.ctx.allgather_rows(rows_first, name="checkpoint_state")
         return tf.transpose(gathered, [1, 2, 0, 3])
 
-    def save(self, epoch, step, state, costs, elapsed, metrics, name=None, valid_ppl=None):
-        """Called on every rank; rank 0 writes. Returns the checkpoint path (rank 0) or None.
+    def save(self, epoch, step, state, costs, elapsed, metrics, valid_ppl=None):
+        """Called on every rank; rank 0 writes. Returns the checkpoint path on every rank.
 
         (epoch, step) is where training resumes: step 0 means the epoch's start.
+        A failed write (disk full, say) raises CheckpointError on every rank,
+        so no rank waits in a collective for one that has given up.
         """
         global_state = self._global_state(state) if state is not None else None
-        if not self.ctx.is_chief:
-            return None
+        outcome = None
+        if self.ctx.is_chief:
+            try:
+                outcome = {"path": self._write(epoch, step, global_state, costs, elapsed, metrics, valid_ppl)}
+            except (OSError, tf.errors.OpError) as err:
+                previous = self.manager.latest_checkpoint or "none yet"
+                outcome = {"error": f"cannot write a checkpoint to {self.directory} "
+                                    f"({_reason(err)}); the last complete one ({previous}) "
+                                    "is intact: free some space and resume from it with --resume"}
+        outcome = self.ctx.broadcast_object(outcome, name="checkpoint_saved")
+        if "error" in outcome:
+            raise CheckpointError(outcome["error"])
+        return outcome["path"]
+
+    def _write(self, epoch, step, global_state, costs, elapsed, metrics, valid_ppl):
         self.epoch.assign(epoch)
         self.step.assign(step)
         self.costs.assign(costs)
         self.elapsed.assign(elapsed)
         self.metrics.assign(json.dumps(metrics))
-        if global_state is not None:
-            self.lstm_state.assign(global_state)
-        else:
-            self.lstm_state.assign(tf.zeros_like(self.lstm_state))
-        # CheckpointManager writes the data files first and then swaps the
-        # index file in with an atomic rename: a kill mid-save leaves the
-        # previous checkpoint as the latest one.
-        path = self.manager.save()
-        if valid_ppl is not None and valid_ppl < float(self.best_valid.numpy()):
+        self.lstm_state.assign(global_state if global_state is not None else tf.zeros_like(self.lstm_state))
+        # Recorded before either write, so that a run resumed from the latest
+        # checkpoint compares later epochs against the true best.
+        is_best = valid_ppl is not None and valid_ppl < float(self.best_valid.numpy())
+        if is_best:
             self.best_valid.assign(valid_ppl)
-            self.best_manager.save()
-        del name
+        # Numbered by training steps taken, not by the save counter that both
+        # managers share, so that latest and best of one moment carry one
+        # number and a resumed run never reuses a number.
+        number = int(self.optimizer.iterations.numpy())
+        # The data files are written under temporary names and renamed, and
+        # only then does the manager swap its index file in with an atomic
+        # rename: a kill mid-save leaves the previous checkpoint the latest.
+        path = self.manager.save(checkpoint_number=number)
+        if is_best:
+            self.best_manager.save(checkpoint_number=number)
         return path
 
     def _restore_on_chief(self, resume):
@@ -89,7 +116,9 @@ class TrainCheckpoint:
             raise CheckpointError(f"--resume: no checkpoint in {where}; train without --resume first, "
                                   "or pass --resume PATH to a checkpoint")
         try:
-            self.checkpoint.restore(path).expect_partial()
+            # Every variable of this run must come from the checkpoint: one trained
+            # with another config fails here instead of resuming half-initialised.
+            self.checkpoint.restore(path).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, AssertionError) as err:
             raise CheckpointError(f"--resume: cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
         if int(self.global_batch.numpy()) != self.plan.global_batch:

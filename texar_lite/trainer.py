@@ -268,7 +268,7 @@ def train_and_evaluate(config, data, ctx, options=None):
                 done = step + 1
                 if bool(stop):
                     seconds = elapsed + time.perf_counter() - tick
-                    path = checkpoint.save(epoch, done, state, costs, seconds, metrics, name="interrupted")
+                    path = checkpoint.save(epoch, done, state, costs, seconds, metrics)
                     raise TrainingInterrupted(
                         f"stopped by signal at epoch {epoch + 1} step {done}; checkpoint {path}. "
                         f"Resume with --resume --output_dir {opts.output_dir}",
