@@ -6,6 +6,8 @@ itself), term (SIGTERM to itself, the graceful path).
 """
 import os
 import signal
+import sys
+import time
 
 MODES = ("exception", "kill", "term")
 
@@ -42,6 +44,9 @@ class FaultInjector:
         if not fault or self.fired or (epoch, step) != (fault["epoch"], fault["step"]):
             return
         self.fired = True
+        # The failure tests time the job's exit from this line.
+        print(f"fault injection: rank {fault['rank']} {fault['mode']} at epoch {epoch} step {step} "
+              f"(unix time {time.time():.3f})", file=sys.stderr, flush=True)
         if fault["mode"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault["mode"] == "term":

@@ -1,0 +1,398 @@
+"""Faults and bad input end the job in bounded time, non-zero, with a message that says why.
+
+With RELIABILITY_RECORD=FILE.jsonl every case appends its command, exit
+status, message and time to exit to FILE; RELIABILITY.md's table is such a run.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb, mpirun, run_command
+
+pytestmark = pytest.mark.timeout(300)
+
+# Where a fault strikes: epoch 1 (0-based), so that epoch 0's checkpoint exists.
+STEPS = 8
+FAULT_EPOCH, FAULT_STEP = 1, 3
+# The issue's bound for a job that lost a rank.
+EXIT_BOUND_S = 60
+
+
+def tiny(data_path, output_dir, *extra, epochs=2):
+    return ["--config", TINY_CONFIG, "--data_path", data_path, "--output_dir", str(output_dir),
+            "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}", *extra]
+
+
+def record(case, cmd, proc, seconds, note=""):
+    """Keeps the case's row for RELIABILITY.md; prints it for `pytest -s` too."""
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    row = {"case": case, "command": " ".join(str(c) for c in cmd).replace(ROOT + "/", ""),
+           "exit": proc.returncode, "message": lines[0] if lines else note, "seconds": round(seconds, 1)}
+    print(json.dumps(row))
+    if os.environ.get("RELIABILITY_RECORD"):
+        with open(os.environ["RELIABILITY_RECORD"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def timed(run, args, **kwargs):
+    start = time.monotonic()
+    proc = run(args, **kwargs)
+    return proc, time.monotonic() - start
+
+
+def fault_to_exit_seconds(proc, ended):
+    """Seconds from the injected fault (its stderr line has the time) to the job's end."""
+    found = re.search(r"fault injection: .*\(unix time ([0-9.]+)\)", proc.stderr)
+    assert found, proc.stderr
+    return ended - float(found.group(1))
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error")]
+
+
+def assert_one_clean_error(proc, code, *phrases):
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1, proc.stderr[-3000:]
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+def latest_checkpoint(output_dir):
+    import tensorflow as tf
+    return tf.train.latest_checkpoint(os.path.join(str(output_dir), "checkpoints"))
+
+
+def checkpoint_position(path):
+    """(epoch, step) stored in a checkpoint; reading it fails if the checkpoint is damaged."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+    return (int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")),
+            int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))
+
+
+# --- bad input -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory, synthetic_corpus):
+    """Broken copies of the synthetic corpus and broken configs."""
+    root = tmp_path_factory.mktemp("bad")
+    corpus = synthetic_corpus[0]
+
+    def corpus_copy(name):
+        path = root / name
+        shutil.copytree(corpus, path)
+        return path
+
+    (corpus_copy("no_valid") / "ptb.valid.txt").unlink()
+    (corpus_copy("empty_valid") / "ptb.valid.txt").write_text("")
+    with open(corpus_copy("not_utf8") / "ptb.train.txt", "ab") as f:
+        f.write(b"w001 \xff\xfe w002\n")
+    (root / "syntax_error.py").write_text("init_scale = (0.1\n")
+    (root / "missing_keys.py").write_text("def default_hparams():\n    return {'init_scale': 0.1}\n")
+    (root / "a_file").write_text("not a folder\n")
+    return root
+
+
+BAD_INPUTS = {
+    # case: (args given the bad fixture and the corpus, exit status, phrases of the message)
+    "unknown --config": (lambda b, c: ["--config", "no_such_config", "--data_path", c], 2,
+                         ["unknown --config", "no_such_config"]),
+    "config with a syntax error": (lambda b, c: ["--config", str(b / "syntax_error.py"), "--data_path", c], 2,
+                                   ["syntax error", "line 1"]),
+    "config missing keys": (lambda b, c: ["--config", str(b / "missing_keys.py"), "--data_path", c], 2,
+                            ["missing", "num_steps"]),
+    "batch_size 0": (lambda b, c: ["--config", TINY_CONFIG, "--set", "batch_size=0", "--data_path", c], 2,
+                     ["batch_size must be > 0"]),
+    "num_steps -1": (lambda b, c: ["--config", TINY_CONFIG, "--set", "num_steps=-1", "--data_path", c], 2,
+                     ["num_steps must be > 0"]),
+    "num_steps longer than the data": (
+        lambda b, c: ["--config", TINY_CONFIG, "--set", "num_steps=100000", "--data_path", c], 1,
+        ["too few", "num_steps 100000"]),
+    "ptb.valid.txt missing": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "no_valid")], 1,
+                              ["ptb.valid.txt"]),
+    "ptb.valid.txt empty": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "empty_valid")], 1,
+                            ["ptb.valid.txt", "empty"]),
+    "non-UTF-8 bytes in ptb.train.txt": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "not_utf8")], 1, ["not UTF-8", "0xff"]),
+    "data_path is a file": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "a_file")], 1,
+                            ["is a file"]),
+    # Root writes through chmod, but not below a regular file nor into /proc.
+    "output_dir below a file": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c, "--output_dir", str(b / "a_file" / "out")], 2,
+        ["not writable", "Not a directory"]),
+    "output_dir in /proc": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c, "--output_dir", "/proc/lm_ptb_out"], 2,
+        ["not writable"]),
+    "NaN/inf loss (learning rate 1e30)": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c,
+                      "--set", "opt.optimizer.kwargs.learning_rate=1e30"], 1,
+        ["loss is", "epoch 1 step 2", "learning rate 1e+30"]),
+}
+UNDER_MPIRUN = ("unknown --config", "ptb.valid.txt missing", "output_dir in /proc", "NaN/inf loss (learning rate 1e30)")
+
+
+def bad_args(case, bad, synthetic_corpus, tmp_path):
+    make, code, phrases = BAD_INPUTS[case]
+    args = make(bad, synthetic_corpus[0])
+    if "--output_dir" not in args:
+        args += ["--output_dir", str(tmp_path / "out")]
+    return args + ["--max_steps_per_epoch", "3", "--set", "num_epochs=1"], code, phrases
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [c for c in BAD_INPUTS if c not in UNDER_MPIRUN])
+def test_bad_input_one_process(case, bad, synthetic_corpus, tmp_path):
+    args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
+    proc, seconds = timed(lm_ptb, args, timeout=90)
+    record(f"{case} (1 process)", ["python", "lm_ptb.py", *args], proc, seconds)
+    assert_one_clean_error(proc, code, *phrases)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", UNDER_MPIRUN)
+def test_bad_input_two_ranks(case, bad, synthetic_corpus, tmp_path):
+    """Every rank stops with the same status; the message appears once, from rank 0."""
+    args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
+    proc, seconds = timed(mpirun, 2, args, timeout=180)
+    record(f"{case} (mpirun -np 2)", ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args],
+           proc, seconds)
+    assert_one_clean_error(proc, code, *phrases)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small filesystem of its own, to fill up; skips where mounting is not allowed."""
+    def mount(size):
+        path = tmp_path / f"tmpfs_{size}"
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    mounted = []
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_output_dir_without_room_fails_before_training(tmpfs, synthetic_corpus):
+    args = tiny(synthetic_corpus[0], tmpfs("256k") / "out")
+    proc, seconds = timed(lm_ptb, args, timeout=90)
+    record("output_dir too small (256 KB tmpfs)", ["python", "lm_ptb.py", *args], proc, seconds)
+    assert_one_clean_error(proc, 2, "MB free", "checkpoints need about")
+    assert "epoch 1" not in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_disk_full_mid_training_keeps_the_last_checkpoint(tmpfs, synthetic_corpus):
+    """The disk fills after epoch 1's checkpoint: a clear error, and that checkpoint resumes."""
+    disk = tmpfs("8m")
+    out = disk / "out"
+    args = tiny(synthetic_corpus[0], out, "--keep_checkpoints", "1", epochs=500)
+    cmd = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args]
+    with open(disk.parent / "full.err", "w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV), stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while not (out / "checkpoints" / "checkpoint").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+                time.sleep(0.2)
+            filled = time.monotonic()
+            with open(disk / "ballast", "wb") as ballast:
+                try:
+                    while True:
+                        ballast.write(b"\0" * 65536)
+                        ballast.flush()
+                except OSError:
+                    pass
+            proc.wait(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        seconds = time.monotonic() - filled
+        err.seek(0)
+        result = subprocess.CompletedProcess(cmd, proc.returncode, "", err.read())
+    record("disk full mid-training (8 MB tmpfs filled)", ["python", "lm_ptb.py", *args], result, seconds)
+    assert_one_clean_error(result, 1, "cannot write a checkpoint", "No space left on device", "intact")
+    kept = latest_checkpoint(out)
+    assert checkpoint_position(kept)[1] == 0
+    (disk / "ballast").unlink()
+    epoch = checkpoint_position(kept)[0]
+    resumed = lm_ptb(tiny(synthetic_corpus[0], out, "--resume", epochs=epoch + 1), timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["epochs"] == epoch + 1
+
+
+# --- a rank fails ------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["kill", "exception"])
+def test_a_rank_dying_mid_epoch_ends_the_job(mode, tmp_path, synthetic_corpus):
+    """Rank 1 dies in epoch 2: mpirun ends the job, names the rank, and epoch 1's checkpoint is sound."""
+    out = tmp_path / "out"
+    fault = f"rank=1,epoch={FAULT_EPOCH},step={FAULT_STEP},mode={mode}"
+    args = tiny(synthetic_corpus[0], out, "--fault", fault)
+    proc = mpirun(2, args, timeout=240)
+    seconds = fault_to_exit_seconds(proc, time.time())
+    note = {"kill": "mpirun: process rank 1 ... exited on signal 9 (Killed)",
+            "exception": "rank 1: FaultInjectedError traceback; mpirun: first process to exit non-zero [[job,1],1]"}
+    record(f"rank 1 {mode} mid-epoch (mpirun -np 2)",
+           ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args], proc, seconds, note[mode])
+    assert proc.returncode != 0
+    assert seconds < EXIT_BOUND_S
+    if mode == "kill":
+        assert re.search(r"process rank 1 .* exited on signal 9", proc.stderr), proc.stderr[-3000:]
+    else:
+        assert "FaultInjectedError: injected fault at epoch 1 step 3 on rank 1" in proc.stderr
+        assert re.search(r"Process name: \[\[\d+,1\],1\]", proc.stderr), proc.stderr[-3000:]
+    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_dying_under_horovodrun_gloo_ends_the_job(tmp_path, synthetic_corpus):
+    out = tmp_path / "out"
+    args = tiny(synthetic_corpus[0], out, "--fault", f"rank=1,epoch={FAULT_EPOCH},step={FAULT_STEP},mode=kill")
+    cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
+           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *args]
+    proc = run_command(cmd, 200, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
+    seconds = fault_to_exit_seconds(proc, time.time())
+    record("rank 1 kill mid-epoch (horovodrun --gloo -np 2)", ["horovodrun", "--gloo", "-np", "2", "-H",
+           "localhost:2", "python", "lm_ptb_distributed.py", *args], proc, seconds,
+           "horovodrun: Process 1 exit with status code 137; Terminating remaining workers")
+    assert proc.returncode != 0
+    assert seconds < EXIT_BOUND_S
+    assert "Process 1 exit with status code 137" in proc.stdout + proc.stderr
+    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+
+
+# --- signals -----------------------------------------------------------------
+
+def signal_when(cmd, pattern, signum, timeout):
+    """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit)."""
+    log = subprocess.run(["mktemp"], capture_output=True, text=True).stdout.strip()
+    with open(log, "w+") as out, open(log + ".err", "w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV), stdout=out, stderr=err,
+                                start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while not re.search(pattern, open(log).read()):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"never saw {pattern!r}: {open(log + '.err').read()[-3000:]}")
+                time.sleep(0.2)
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running after {timeout}s (a hang): {' '.join(cmd)}")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        seconds = time.monotonic() - sent
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+    for path in (log, log + ".err"):
+        os.unlink(path)
+    return result, seconds
+
+
+# The first progress line of epoch 2: training is mid-epoch and epoch 1's checkpoint exists.
+MID_EPOCH_2 = r"epoch 2/\d+: learning rate[^\n]*\n[^\n]*perplexity:"
+
+
+@pytest.mark.timeout(200)
+def test_sigint_to_one_process_saves_and_exits_130(tmp_path, synthetic_corpus):
+    out = tmp_path / "out"
+    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", epochs=3)
+    cmd = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args]
+    proc, seconds = signal_when(cmd, MID_EPOCH_2, signal.SIGINT, 180)
+    record("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", ["python", "lm_ptb.py", *args], proc, seconds)
+    assert_one_clean_error(proc, 128 + signal.SIGINT, "stopped by signal at epoch 2", "--resume")
+    epoch, step = checkpoint_position(latest_checkpoint(out))
+    assert epoch == 1 and step > 0
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_mpirun_reaches_the_ranks_which_save(tmp_path, synthetic_corpus):
+    """Open MPI's mpirun passes SIGTERM on to every rank and SIGKILLs them
+    odls_base_sigkill_timeout seconds later (default 1): with 30 the ranks
+    agree on the stop, rank 0 saves, and all leave."""
+    out = tmp_path / "out"
+    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", epochs=3)
+    cmd = [*MPIRUN, "-mca", "odls_base_sigkill_timeout", "30", "-np", "2", PYTHON,
+           os.path.join(ROOT, "lm_ptb_distributed.py"), *args]
+    proc, seconds = signal_when(cmd, MID_EPOCH_2, signal.SIGTERM, 240)
+    record("SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 30)",
+           ["mpirun", "-mca", "odls_base_sigkill_timeout", "30", "-np", "2", "python", "lm_ptb_distributed.py",
+            *args], proc, seconds)
+    assert proc.returncode != 0
+    assert seconds < EXIT_BOUND_S
+    assert "Traceback" not in proc.stderr
+    stops = re.findall(r"stopped by signal at epoch 2 step (\d+)", proc.stderr)
+    assert len(stops) == 2 and stops[0] == stops[1], proc.stderr[-3000:]
+    assert error_lines(proc.stderr)[0].endswith(f"Resume with --resume --output_dir {out}")
+    assert checkpoint_position(latest_checkpoint(out)) == (1, int(stops[0]))
+
+
+# --- a kill in the middle of writing a checkpoint ------------------------------
+
+SAVE_LOOP = """
+import sys
+import tensorflow as tf
+from texar_lite import config as config_lib, optimization
+from texar_lite.checkpointing import TrainCheckpoint
+from texar_lite.context import LocalContext
+from texar_lite.model import LanguageModel
+from texar_lite.trainer import BatchPlan
+
+config = config_lib.load_config(sys.argv[1], ["cell.kwargs.num_units=512", "emb.dim=512"])
+model = LanguageModel(config, 252, seed=1)
+optimizer = optimization.get_optimizer(config["opt"])
+optimizer.build(model.trainable_variables)
+checkpoint = TrainCheckpoint(model, optimizer, sys.argv[2], LocalContext(), BatchPlan.from_config(config, 1),
+                             config, keep=2)
+optimizer.iterations.assign(int(sys.argv[3]))
+for step in range(1, 10**6):
+    optimizer.iterations.assign_add(1)
+    checkpoint.save(0, step, None, float(step), 0.0, [])
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_kill_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path):
+    """SIGKILL lands at random moments of back-to-back 30 MB saves; the latest checkpoint always loads."""
+    out = tmp_path / "out"
+    # The second round numbers its checkpoints on from 100000, as a resumed run would continue.
+    for delay, first_number in ((0.7, 0), (1.9, 100000)):
+        cmd = [PYTHON, "-c", SAVE_LOOP, TINY_CONFIG, str(out), str(first_number)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV, PYTHONPATH=ROOT),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip(), proc.stderr.read()
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        path = latest_checkpoint(out)
+        number = int(path.rsplit("-", 1)[1])
+        assert number > first_number
+        assert checkpoint_position(path) == (0, number - first_number)
