@@ -140,6 +140,7 @@ def _prepare(args, ctx):
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
+    trainer.check_plan(config, data, ctx.size, args.eval_mode)
     if ctx.is_chief:
         check_output_dir(args.output_dir, config, data.vocab_size, args.keep_checkpoints)
     return config, data, options

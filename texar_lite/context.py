@@ -10,10 +10,15 @@ import time
 import numpy as np
 import tensorflow as tf
 
-# While rank 0 evaluates alone, the other ranks wait in a chain of tiny
-# broadcasts, one every few seconds, instead of one collective that would sit
-# unanswered past HOROVOD_STALL_CHECK_TIME_SECONDS (60 s) and warn.
-HEARTBEAT_SECONDS = 5.0
+
+
+def heartbeat_seconds():
+    """While rank 0 evaluates alone, the other ranks wait in a chain of tiny
+    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s),
+    instead of one collective that would sit unanswered long enough to warn.
+    """
+    stall = float(os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", 60))
+    return min(5.0, stall / 4)
 
 
 class LocalContext:
@@ -111,9 +116,10 @@ class HorovodContext(LocalContext):
 
         if self.is_chief:
             last = [time.monotonic()]
+            interval = heartbeat_seconds()
 
             def heartbeat():
-                if time.monotonic() - last[0] >= HEARTBEAT_SECONDS:
+                if time.monotonic() - last[0] >= interval:
                     send(0.0)
                     last[0] = time.monotonic()
 

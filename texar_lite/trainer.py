@@ -74,6 +74,22 @@ class BatchPlan:
         return cls(batch // size, batch, optimization.worker_lr_scale(scale_mode, size))
 
 
+def check_plan(config, data, size, eval_mode):
+    """Returns the BatchPlan, or raises the error a user can fix, before any training."""
+    plan = BatchPlan.from_config(config, size)
+    if eval_mode == "distributed" and config["batch_size"] % size:
+        raise ConfigError(
+            f"--eval_mode distributed splits batch_size {config['batch_size']} over {size} ranks: "
+            "it must divide evenly; use --eval_mode chief")
+    for split, batch in (("train", plan.global_batch), ("valid", config["batch_size"]),
+                         ("test", config["batch_size"])):
+        try:  # fail now, not at the first evaluation
+            next(ptb_reader.ptb_iterator(getattr(data, split), batch, config["num_steps"]))
+        except ptb_reader.PTBDataError as err:
+            raise ptb_reader.PTBDataError(f"ptb.{split}.txt: {err}") from None
+    return plan
+
+
 class _Signals:
     """Turns SIGTERM/SIGINT into a flag that the ranks agree on at the next step."""
 
@@ -125,7 +141,7 @@ def _make_train_step(model, optimizer, config, ctx, plan, seed):
         tape = ctx.wrap_tape(tape)
         grads = tape.gradient(loss, variables)
         grads, _ = optimization.clip_gradients(grads, opt_hparams)
-        optimizer.apply_gradients(zip(grads, variables))
+        optimization.apply_gradients(optimizer, grads, variables)
         # One small allreduce gives every rank the global loss and tells it
         # whether any rank wants to stop, so all ranks decide alike.
         shared = ctx.allreduce(tf.stack([loss, stop_flag]), op="mean", name="loss_and_stop")
@@ -188,18 +204,8 @@ def train_and_evaluate(config, data, ctx, options=None):
     Rank 0 also writes output_dir/metrics.jsonl, results.json and checkpoints.
     """
     opts = options or RunOptions()
-    plan = BatchPlan.from_config(config, ctx.size)
-    if opts.eval_mode == "distributed" and config["batch_size"] % ctx.size:
-        raise ptb_reader.PTBDataError(
-            f"--eval_mode distributed splits batch_size {config['batch_size']} over {ctx.size} ranks: "
-            "it must divide evenly; use --eval_mode chief")
+    plan = check_plan(config, data, ctx.size, opts.eval_mode)
     num_steps, epochs = config["num_steps"], config["num_epochs"]
-    for split, batch in (("train", plan.global_batch), ("valid", config["batch_size"]),
-                         ("test", config["batch_size"])):
-        try:  # fail before training, not at the first evaluation
-            next(ptb_reader.ptb_iterator(getattr(data, split), batch, num_steps))
-        except ptb_reader.PTBDataError as err:
-            raise ptb_reader.PTBDataError(f"ptb.{split}.txt: {err}") from None
     epoch_size = ptb_reader.num_steps_per_epoch(len(data.train), plan.global_batch, num_steps)
     if opts.max_steps_per_epoch:
         epoch_size = min(epoch_size, opts.max_steps_per_epoch)
@@ -223,6 +229,11 @@ def train_and_evaluate(config, data, ctx, options=None):
 
     train_step = _make_train_step(model, optimizer, config, ctx, plan, opts.seed)
     eval_step = _make_eval_step(model)
+    # Trace evaluation now, on every rank at once: traced inside rank 0's
+    # evaluation it would be seconds without a heartbeat for the waiting ranks.
+    eval_rows = config["batch_size"] // (ctx.size if opts.eval_mode == "distributed" else 1)
+    zeros = np.zeros([eval_rows, num_steps], np.int32)
+    eval_step(zeros, zeros, model.zero_state(eval_rows))
     faults = FaultInjector(opts.fault, ctx.rank)
     metrics = progress["metrics"]
     board = _TensorBoard(os.path.join(opts.output_dir, "tensorboard")) if ctx.is_chief else None

@@ -1,0 +1,106 @@
+"""Config modules, --set overrides and the command line's answers to bad input."""
+import json
+import os
+
+import pytest
+
+from conftest import TINY_CONFIG, lm_ptb
+from texar_lite.config import ConfigError, load_config
+
+
+def test_zaremba_configs_have_the_published_values():
+    table = {  # layers, units, epochs, keep_prob, lr, decay, start, clip, init_scale, num_steps
+        "config_small": (2, 200, 13, 1.0, 1.0, 0.5, 3, 5.0, 0.1, 20),
+        "config_medium": (2, 650, 39, 0.5, 1.0, 0.8, 5, 5.0, 0.05, 35),
+        "config_large": (2, 1500, 55, 0.35, 1.0, 1 / 1.15, 13, 10.0, 0.04, 35),
+    }
+    for name, expected in table.items():
+        c = load_config(name)
+        opt = c["opt"]
+        got = (c["cell"]["num_layers"], c["cell"]["kwargs"]["num_units"], c["num_epochs"], c["keep_prob"],
+               opt["optimizer"]["kwargs"]["learning_rate"], opt["learning_rate_decay"]["kwargs"]["decay_rate"],
+               opt["learning_rate_decay"]["start_decay_step"], opt["gradient_clip"]["kwargs"]["clip_norm"],
+               c["init_scale"], c["num_steps"])
+        assert got == pytest.approx(expected), name
+        assert (c["batch_size"], c["cell"]["kwargs"]["forget_bias"], c["vocab_size"]) == (20, 0.0, 10000)
+        assert c["cell"]["dropout"]["output_keep_prob"] == c["keep_prob"]
+        assert c["emb"]["dropout_rate"] == pytest.approx(1 - c["keep_prob"])
+
+
+def test_set_overrides_nested_values_with_types():
+    c = load_config("config_small", ["num_epochs=1", "opt.gradient_clip.kwargs.clip_norm=2",
+                                     "batch_mode=per_worker", "learning_rate.scale_by_worker=sqrt"])
+    assert c["num_epochs"] == 1
+    assert c["opt"]["gradient_clip"]["kwargs"]["clip_norm"] == 2.0
+    assert (c["batch_mode"], c["learning_rate"]["scale_by_worker"]) == ("per_worker", "sqrt")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["num_epoch=1"], "unknown hyperparameter 'num_epoch'"),
+    (["opt.gradient_clip.kwargs.clip_nrm=2"], "unknown hyperparameter 'opt.gradient_clip.kwargs.clip_nrm'"),
+    (["num_epochs=one"], "--set num_epochs=one: expected a int, got 'one'"),
+    (["batch_size=0"], "batch_size must be > 0, got 0"),
+    (["num_steps=-3"], "num_steps must be > 0, got -3"),
+    (["keep_prob=1.5"], "keep_prob must be in (0, 1], got 1.5"),
+    (["batch_mode=sometimes"], "batch_mode must be global or per_worker, got 'sometimes'"),
+])
+def test_bad_values_are_config_errors(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("config_small", overrides)
+    assert message in str(err.value)
+
+
+def test_config_file_errors(tmp_path):
+    missing = tmp_path / "config_missing.py"
+    missing.write_text("def default_hparams():\n    return {'num_epochs': 1}\n")
+    with pytest.raises(ConfigError, match="is missing init_scale, hidden_size"):
+        load_config(str(missing))
+    broken = tmp_path / "config_broken.py"
+    broken.write_text("num_epochs = (\n")
+    with pytest.raises(ConfigError, match=r"syntax error in .*config_broken.py line 1"):
+        load_config(str(broken))
+    with pytest.raises(ConfigError, match="unknown --config 'config_nope'"):
+        load_config("config_nope")
+
+
+@pytest.mark.timeout(120)
+def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    result = lm_ptb(["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                     "--set", "opt.gradient_clip.kwargs.clip_nrm=2"], timeout=100)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: unknown hyperparameter 'opt.gradient_clip.kwargs.clip_nrm'")
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "results.json")
+
+
+@pytest.mark.timeout(120)
+def test_cli_help_documents_every_option():
+    result = lm_ptb(["--help"], timeout=100)
+    assert result.returncode == 0
+    for flag in ("--config", "--data_path", "--output_dir", "--set", "--seed", "--resume", "--log-path"):
+        assert flag in result.stdout
+
+
+@pytest.mark.timeout(200)
+def test_one_epoch_smoke_run_writes_metrics_and_results(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    out = tmp_path / "out"
+    result = lm_ptb(["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(out),
+                     "--set", "num_epochs=1", "--max_steps_per_epoch", "40", "-l", str(tmp_path / "train.log")],
+                    timeout=180)
+    assert result.returncode == 0, result.stderr
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 1
+    assert set(metrics[0]) == {"epoch", "lr", "train_ppl", "valid_ppl", "epoch_time_s", "wps", "world_size"}
+    results = json.loads((out / "results.json").read_text())
+    for key in ("config", "epochs", "train_ppl", "valid_ppl", "test_ppl", "avg_epoch_time_s", "wps",
+                "world_size", "global_batch_size", "versions"):
+        assert key in results
+    assert results["valid_ppl"] == metrics[0]["valid_ppl"]
+    assert set(results["versions"]) >= {"tensorflow", "horovod", "python"}
+    log = (tmp_path / "train.log").read_text()
+    assert log.count(" perplexity: ") == 10  # progress ten times an epoch
+    assert "test perplexity" in log
+    assert os.listdir(out / "tensorboard")

@@ -1,0 +1,223 @@
+"""Horovod data parallelism: same results as one process, every launcher, clear errors, no hangs.
+
+Every run here goes through conftest.run_command, which kills the whole
+process group after a hard timeout, so a hang fails the test.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, lm_ptb, mpirun, run_command
+
+pytestmark = pytest.mark.timeout(400)
+STEPS = 40
+
+
+def _args(data, out, *extra):
+    return ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(out),
+            "--set", "num_epochs=1", "--max_steps_per_epoch", str(STEPS), "--record_step_losses", *extra]
+
+
+def _results(out):
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f)
+
+
+def _weights(out):
+    reader = tf.train.load_checkpoint(os.path.join(out, "checkpoints"))
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/") and "OPTIMIZER" not in n]
+    assert len(names) >= 8
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def _assert_same_training(single_out, multi_out):
+    single, multi = _results(single_out), _results(multi_out)
+    assert len(single["step_losses"]) == len(multi["step_losses"]) == STEPS
+    np.testing.assert_allclose(multi["step_losses"], single["step_losses"], rtol=1e-5)
+    w1, w2 = _weights(single_out), _weights(multi_out)
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        np.testing.assert_allclose(w2[name], w1[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert multi["valid_ppl"] == pytest.approx(single["valid_ppl"], rel=1e-5)
+    assert multi["test_ppl"] == pytest.approx(single["test_ppl"], rel=1e-5)
+    return multi
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory, synthetic_corpus):
+    data, _ = synthetic_corpus
+    out = tmp_path_factory.mktemp("single")
+    result = lm_ptb(_args(data, out), timeout=300)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, single_run):
+    data, _ = synthetic_corpus
+    result = mpirun(2, _args(data, tmp_path))
+    assert result.returncode == 0, result.stderr
+    multi = _assert_same_training(single_run, tmp_path)
+    assert multi["world_size"] == 2 and multi["global_batch_size"] == 20
+    # Ranks start from different random weights; the broadcast makes them equal,
+    # and they stay equal to the end.
+    before = [d["before_broadcast"] for d in multi["init_digests_per_rank"]]
+    after = [d["after_broadcast"] for d in multi["init_digests_per_rank"]]
+    assert before[0] != before[1]
+    assert after[0] == after[1] == before[0]
+    assert multi["weights_digest_per_rank"][0] == multi["weights_digest_per_rank"][1]
+
+
+def test_horovodrun_gloo_matches_one_process(tmp_path, synthetic_corpus, single_run):
+    data, _ = synthetic_corpus
+    horovodrun = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+    result = run_command([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", PYTHON,
+                          os.path.join(ROOT, "lm_ptb_distributed.py"), *_args(data, tmp_path)], timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    _assert_same_training(single_run, tmp_path)
+
+
+def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_run):
+    # 127.0.0.2 and 127.0.0.3 are two "hosts": separate nodes, local_rank 0 on each.
+    data, _ = synthetic_corpus
+    result = mpirun(2, [*_args(data, tmp_path), "--mpi-log", "workers"],
+                    extra_mpi=["-H", "127.0.0.2:1,127.0.0.3:1", "--mca", "plm_rsh_agent", AGENT])
+    assert result.returncode == 0, result.stderr
+    _assert_same_training(single_run, tmp_path)
+    lines = result.stdout.splitlines()
+    assert "[rank 1]" in result.stdout
+    # With one slot per host, Horovod gives each rank local size 1: all the cores.
+    assert sum("intra/inter threads" in line and "  2/" in line for line in lines) == 2
+
+
+def test_distributed_evaluation_equals_rank_zero_alone(tmp_path, synthetic_corpus, single_run):
+    data, _ = synthetic_corpus
+    result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed"])
+    assert result.returncode == 0, result.stderr
+    multi = _assert_same_training(single_run, tmp_path)
+    assert multi["valid_ppl"] == pytest.approx(_results(single_run)["valid_ppl"], rel=1e-9)
+
+
+@pytest.mark.parametrize("mode, scale", [("linear", 2.0), ("sqrt", 2 ** 0.5), ("none", 1.0), ("auto", 2.0)])
+def test_per_worker_batches_scale_the_learning_rate(tmp_path, synthetic_corpus, mode, scale):
+    data, _ = synthetic_corpus
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--set", "batch_mode=per_worker",
+                        "--set", f"learning_rate.scale_by_worker={mode}", "--set", "opt.optimizer.kwargs.learning_rate=0.5"])
+    assert result.returncode == 0, result.stderr
+    results = _results(tmp_path)
+    assert results["global_batch_size"] == 40
+    assert results["learning_rate_scale"] == pytest.approx(scale)
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert json.loads(f.readline())["lr"] == pytest.approx(0.5 * scale)
+    assert f"learning rate {0.5 * scale:.6g}" in result.stdout
+    assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker)" in result.stdout
+
+
+def test_global_mode_does_not_scale_the_learning_rate(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3"])
+    assert result.returncode == 0, result.stderr
+    assert _results(tmp_path)["learning_rate_scale"] == 1.0
+
+
+def test_batch_that_does_not_divide_fails_on_every_rank(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    result = mpirun(3, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path)], timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert errors == ["error: batch_size 20 is not divisible by 3 ranks: use a batch_size that is a multiple "
+                      "of the world size, or --set batch_mode=per_worker"]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_oversubscribed_ranks_finish(tmp_path, synthetic_corpus, np_):
+    data, _ = synthetic_corpus
+    result = mpirun(np_, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                          "--set", "num_epochs=1", "--set", "batch_size=12", "--max_steps_per_epoch", "5"])
+    assert result.returncode == 0, result.stderr
+    results = _results(tmp_path)
+    assert results["world_size"] == np_
+    assert len(set(results["weights_digest_per_rank"])) == 1
+
+
+def test_no_stall_warning_while_rank_zero_evaluates(tmp_path, synthetic_corpus):
+    # A 2 s stall check and a model wide enough that rank 0's validation and
+    # test take longer than that: without the heartbeat rendezvous Horovod
+    # would warn about the rank left waiting.
+    data, _ = synthetic_corpus
+    wide = ["--set", "cell.kwargs.num_units=512", "--set", "emb.dim=512"]
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3", *wide, "-l", str(tmp_path / "log")],
+                    env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"},
+                    extra_mpi=["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS"])
+    assert result.returncode == 0, result.stderr
+    assert "waiting for remainder of ranks" not in result.stderr
+    times = [line.split()[0] for line in (tmp_path / "log").read_text().splitlines()
+             if "valid perplexity" in line or "test perplexity" in line or "1.000 perplexity" in line]
+    seconds = [int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in times]
+    assert seconds[1] - seconds[0] > 2, "validation was too quick to prove anything"
+
+
+def test_collect_mode_brings_every_rank_to_rank_zero_log(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    log_path = tmp_path / "train.log"
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path / "out"),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--mpi-log", "collect",
+                        "-l", str(log_path)])
+    assert result.returncode == 0, result.stderr
+    text = log_path.read_text()
+    assert "[rank 0] my rank               0" in text
+    assert "[rank 1] my rank               1" in text
+    assert "[rank 1] test perplexity" in text
+    assert not os.path.exists(f"{log_path}.rank1")
+
+
+def test_workers_mode_writes_one_file_per_rank(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    log_path = tmp_path / "train.log"
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path / "out"),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--mpi-log", "workers",
+                        "-l", str(log_path)])
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0] my rank               0" in log_path.read_text()
+    rank1 = (tmp_path / "train.log.rank1").read_text()
+    assert "[rank 1] my rank               1" in rank1 and "[rank 0]" not in rank1
+
+
+def test_master_mode_logs_only_rank_zero(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Summary of the training") == 1
+    assert "my rank               0" in result.stdout and "[rank" not in result.stdout
+    assert "node list" in result.stdout and "MPI                   Open MPI" in result.stdout
+
+
+def test_serial_without_a_launcher(tmp_path, synthetic_corpus):
+    data, _ = synthetic_corpus
+    result = run_command([PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), "--config", TINY_CONFIG,
+                          "--data_path", data, "--output_dir", str(tmp_path), "--set", "num_epochs=1",
+                          "--max_steps_per_epoch", "3"], timeout=200)
+    assert result.returncode == 0, result.stderr
+    assert _results(tmp_path)["world_size"] == 1
+    assert "running               serial" in result.stdout
+
+
+def test_launcher_with_a_world_of_one_is_refused(tmp_path, synthetic_corpus):
+    # What a Horovod built without this launcher's MPI looks like: the launcher
+    # announces 2 processes but each one sees a world of 1.
+    data, _ = synthetic_corpus
+    result = run_command([PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), "--config", TINY_CONFIG,
+                          "--data_path", data, "--output_dir", str(tmp_path)], timeout=120,
+                         env={"PMI_SIZE": "2"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the launcher started 2 processes but Horovod sees a world of 1: Horovod was built without "
+        "this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) or launch with horovodrun")
+    assert not os.path.exists(tmp_path / "results.json")

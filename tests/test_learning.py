@@ -1,0 +1,20 @@
+"""The model learns: on the synthetic Markov corpus it approaches the chain's true perplexity."""
+import pytest
+
+import ptb_reader
+from conftest import TINY_CONFIG
+from texar_lite.config import load_config
+from texar_lite.context import LocalContext
+from texar_lite.trainer import RunOptions, train_and_evaluate
+
+
+@pytest.mark.timeout(300)
+def test_tiny_model_gets_within_15_percent_of_the_true_perplexity(tmp_path, synthetic_corpus):
+    data_path, true_ppl = synthetic_corpus
+    config = load_config(TINY_CONFIG)
+    results = train_and_evaluate(config, ptb_reader.load_ptb(data_path), LocalContext(),
+                                 RunOptions(output_dir=str(tmp_path)))
+    assert results["test_ppl"] <= 1.15 * true_ppl, (results["test_ppl"], true_ppl)
+    # Nothing beats the true chain by more than sampling noise on 20k tokens.
+    assert results["test_ppl"] >= 0.97 * true_ppl
+    assert results["epochs"] == 3
