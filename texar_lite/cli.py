@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 
 import ptb_reader
 from texar_lite import config as config_lib
@@ -148,7 +149,7 @@ def _prepare(args, ctx):
 
 EXIT_CODES = (
     ((config_lib.ConfigError, UsageError), USAGE_EXIT),
-    ((ptb_reader.PTBDataError, CheckpointError, trainer.TrainingError, ValueError), ERROR_EXIT),
+    ((ptb_reader.PTBDataError, CheckpointError, trainer.TrainingError, ValueError, OSError), ERROR_EXIT),
 )
 
 
@@ -189,9 +190,11 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             # Every rank saw the same stop flag: they leave together.
             print(f"{'error: ' if ctx.is_chief else ''}{err}", file=sys.stderr, flush=True)
             return 128 + int(err.signum)
-        except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError) as err:
+        except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError,
+                OSError) as err:
             # Raised alike on every rank (a NaN in the allreduced loss, a
-            # broadcast resume error), so the ranks still leave together.
+            # broadcast resume error), so the ranks still leave together; an
+            # OSError (a full disk) is rank 0's, and the others follow it out.
             if ctx.is_chief or not isinstance(err, trainer.TrainingError):
                 print(f"error: {err}", file=sys.stderr, flush=True)
             return _exit_code(err)
@@ -200,6 +203,19 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
                                                "avg_epoch_time_s", "wps", "world_size", "global_batch_size")}
             print("results: " + json.dumps(summary), flush=True)
         return 0
+    except Exception as err:
+        in_step = False
+        if not ctx.distributed:
+            raise
+        # One failing rank shuts Horovod down under the others: they say so in
+        # one line and leave the traceback to the rank that failed.
+        if "Horovod has been shut down" in str(err):
+            print(f"error (rank {ctx.rank}): stopping because another rank failed; its error is above",
+                  file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc()
+            print(f"error (rank {ctx.rank}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return ERROR_EXIT
     except BaseException:
         in_step = False
         raise

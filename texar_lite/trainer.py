@@ -91,14 +91,18 @@ def check_plan(config, data, size, eval_mode):
 
 
 class _Signals:
-    """Turns SIGTERM/SIGINT into a flag that the ranks agree on at the next step."""
+    """Turns SIGTERM, SIGINT or SIGUSR1 into a flag that the ranks agree on at the next step.
+
+    Open MPI's mpirun hands SIGUSR1 on to the ranks at once, but SIGTERM and
+    SIGINT only odls_base_sigkill_timeout seconds late, and SIGKILLs as long after.
+    """
 
     def __init__(self):
         self.received = 0
         self._previous = {}
 
     def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread (e.g. inside some test runners)
