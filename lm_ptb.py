@@ -13,9 +13,9 @@ from texar_lite import cli, context
 
 def main(argv=None):
     args = cli.parse_args(argv, distributed=False)
-    ctx = context.LocalContext()
     intra, inter = context.configure_cpu_threads(local_size=1)
     device = "GPU:0" if context.pin_gpu(local_rank=0) else "CPU"
+    ctx = context.LocalContext()
     return cli.run(args, ctx, intra, inter, device)
 
 

@@ -14,14 +14,15 @@ from texar_lite import cli, context
 
 def main(argv=None):
     args = cli.parse_args(argv, distributed=True)
+    # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
-    # Horovod: 1. Start Horovod: rank, size and local_rank come from the launcher.
     hvd.init()
-    cli.check_world_size(hvd.size())
-    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
+    cli.check_world_size(hvd.size())  # Horovod: 1. Never train N copies of a world of one.
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
     intra, inter = context.configure_cpu_threads(local_size=hvd.local_size())
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
+    # Horovod: 3-4. The context averages gradients and broadcasts rank 0's weights (texar_lite/context.py).
+    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
     return cli.run(args, ctx, intra, inter, device)
 
 
