@@ -41,9 +41,9 @@ def record(case, cmd, proc, seconds, note=""):
             f.write(json.dumps(row) + "\n")
 
 
-def timed(run, args, **kwargs):
+def timed(run, *args, **kwargs):
     start = time.monotonic()
-    proc = run(args, **kwargs)
+    proc = run(*args, **kwargs)
     return proc, time.monotonic() - start
 
 
@@ -140,7 +140,7 @@ BAD_INPUTS = {
                       "--set", "opt.optimizer.kwargs.learning_rate=1e30"], 1,
         ["loss is", "epoch 1 step 2", "learning rate 1e+30"]),
 }
-UNDER_MPIRUN = ("unknown --config", "ptb.valid.txt missing", "output_dir in /proc", "NaN/inf loss (learning rate 1e30)")
+UNDER_MPIRUN = ("unknown --config", "ptb.valid.txt missing", "output_dir in /proc")
 
 
 def bad_args(case, bad, synthetic_corpus, tmp_path):
@@ -251,7 +251,8 @@ def test_a_rank_dying_mid_epoch_ends_the_job(mode, tmp_path, synthetic_corpus):
     proc = mpirun(2, args, timeout=240)
     seconds = fault_to_exit_seconds(proc, time.time())
     note = {"kill": "mpirun: process rank 1 ... exited on signal 9 (Killed)",
-            "exception": "rank 1: FaultInjectedError traceback; mpirun: first process to exit non-zero [[job,1],1]"}
+            "exception": "rank 1's traceback, then: error (rank 1): FaultInjectedError: injected fault at "
+                         "epoch 1 step 3 on rank 1 / error (rank 0): stopping because another rank failed"}
     record(f"rank 1 {mode} mid-epoch (mpirun -np 2)",
            ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args], proc, seconds, note[mode])
     assert proc.returncode != 0
@@ -259,8 +260,8 @@ def test_a_rank_dying_mid_epoch_ends_the_job(mode, tmp_path, synthetic_corpus):
     if mode == "kill":
         assert re.search(r"process rank 1 .* exited on signal 9", proc.stderr), proc.stderr[-3000:]
     else:
-        assert "FaultInjectedError: injected fault at epoch 1 step 3 on rank 1" in proc.stderr
-        assert re.search(r"Process name: \[\[\d+,1\],1\]", proc.stderr), proc.stderr[-3000:]
+        assert "error (rank 1): FaultInjectedError: injected fault at epoch 1 step 3 on rank 1" in proc.stderr
+        assert "error (rank 0): stopping because another rank failed" in proc.stderr
     assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
 
 
@@ -312,42 +313,59 @@ def signal_when(cmd, pattern, signum, timeout):
     return result, seconds
 
 
-# The first progress line of epoch 2: training is mid-epoch and epoch 1's checkpoint exists.
-MID_EPOCH_2 = r"epoch 2/\d+: learning rate[^\n]*\n[^\n]*perplexity:"
+def signal_run(case, launcher, script, tmp_path, corpus, signum, mpi=()):
+    """Signals a run once it trains; checks that it saved where the ranks agreed to stop.
+
+    mpirun forwards the ranks' output late, so the stop may come an epoch on;
+    three long epochs keep it inside training.
+    """
+    out = tmp_path / "out"
+    args = tiny(corpus, out, "--max_steps_per_epoch", "100000", epochs=3)
+    cmd = [*launcher, *mpi, PYTHON, os.path.join(ROOT, script), *args]
+    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240)
+    shown = ["python", script, *args] if not launcher else ["mpirun", *mpi, "-np", "2", "python", script, *args]
+    record(case, shown, proc, seconds)
+    assert proc.returncode != 0
+    assert seconds < EXIT_BOUND_S
+    assert "Traceback" not in proc.stderr
+    stops = re.findall(r"stopped by signal at epoch (\d+) step (\d+)", proc.stderr)
+    assert stops and len(set(stops)) == 1, proc.stderr[-3000:]
+    assert error_lines(proc.stderr) == [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert error_lines(proc.stderr)[0].endswith(f"Resume with --resume --output_dir {out}")
+    epoch, step = map(int, stops[0])
+    assert checkpoint_position(latest_checkpoint(out)) == (epoch - 1, step)
+    return proc, seconds, len(stops)
 
 
 @pytest.mark.timeout(200)
 def test_sigint_to_one_process_saves_and_exits_130(tmp_path, synthetic_corpus):
-    out = tmp_path / "out"
-    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", epochs=3)
-    cmd = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args]
-    proc, seconds = signal_when(cmd, MID_EPOCH_2, signal.SIGINT, 180)
-    record("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", ["python", "lm_ptb.py", *args], proc, seconds)
-    assert_one_clean_error(proc, 128 + signal.SIGINT, "stopped by signal at epoch 2", "--resume")
-    epoch, step = checkpoint_position(latest_checkpoint(out))
-    assert epoch == 1 and step > 0
+    proc, _, _ = signal_run("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", [], "lm_ptb.py", tmp_path,
+                            synthetic_corpus[0], signal.SIGINT)
+    assert proc.returncode == 128 + signal.SIGINT
+
+
+MPIRUN_2 = [*MPIRUN, "-np", "2"]
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_mpirun_reaches_the_ranks_which_save(tmp_path, synthetic_corpus):
-    """Open MPI's mpirun passes SIGTERM on to every rank and SIGKILLs them
-    odls_base_sigkill_timeout seconds later (default 1): with 30 the ranks
-    agree on the stop, rank 0 saves, and all leave."""
-    out = tmp_path / "out"
-    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", epochs=3)
-    cmd = [*MPIRUN, "-mca", "odls_base_sigkill_timeout", "30", "-np", "2", PYTHON,
-           os.path.join(ROOT, "lm_ptb_distributed.py"), *args]
-    proc, seconds = signal_when(cmd, MID_EPOCH_2, signal.SIGTERM, 240)
-    record("SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 30)",
-           ["mpirun", "-mca", "odls_base_sigkill_timeout", "30", "-np", "2", "python", "lm_ptb_distributed.py",
-            *args], proc, seconds)
-    assert proc.returncode != 0
-    assert seconds < EXIT_BOUND_S
-    assert "Traceback" not in proc.stderr
-    stops = re.findall(r"stopped by signal at epoch 2 step (\d+)", proc.stderr)
-    assert len(stops) == 2 and stops[0] == stops[1], proc.stderr[-3000:]
-    assert error_lines(proc.stderr)[0].endswith(f"Resume with --resume --output_dir {out}")
-    assert checkpoint_position(latest_checkpoint(out)) == (1, int(stops[0]))
+def test_sigterm_to_mpirun_reaches_the_ranks_late_and_they_save(tmp_path, synthetic_corpus):
+    """mpirun sends SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds
+    later (default 1), then SIGKILL as long after that: with 5 the ranks agree
+    on the stop, rank 0 saves, and both leave before the SIGKILL."""
+    proc, seconds, ranks = signal_run(
+        "SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 5)", MPIRUN_2, "lm_ptb_distributed.py",
+        tmp_path, synthetic_corpus[0], signal.SIGTERM, mpi=("-mca", "odls_base_sigkill_timeout", "5"))
+    assert ranks == 2
+    assert seconds >= 5
+
+
+@pytest.mark.timeout(300)
+def test_sigusr1_to_mpirun_reaches_the_ranks_at_once_and_they_save(tmp_path, synthetic_corpus):
+    proc, seconds, ranks = signal_run("SIGUSR1 to mpirun mid-epoch", MPIRUN_2, "lm_ptb_distributed.py",
+                                      tmp_path, synthetic_corpus[0], signal.SIGUSR1)
+    assert "Forwarding signal 10 to job" in proc.stderr
+    assert ranks == 2
+    assert proc.returncode == 128 + signal.SIGUSR1
 
 
 # --- a kill in the middle of writing a checkpoint ------------------------------
