@@ -8,6 +8,7 @@ from texar_lite.hparams import HParams
 # Texar's LSTM cell types. All of them compute the same BasicLSTMCell
 # equations (gates i, j, f, o; forget_bias added to f; no peepholes).
 CELL_TYPES = ("LSTMBlockCell", "LSTMCell", "BasicLSTMCell")
+PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 
 
 def default_hparams():
@@ -26,8 +27,14 @@ class LSTMDecoder(tf.Module):
     carried between BPTT windows, checkpointed and gathered across ranks as is.
     """
 
-    def __init__(self, input_size, vocab_size, hparams=None, initializer=None, name="lstm_decoder"):
+    def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
+                 name="lstm_decoder"):
         super().__init__(name=name)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
+        # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
+        # cell state, the gate nonlinearities and the logits stay fp32.
+        self.matmul_dtype = PRECISIONS[precision]
         self.hparams = HParams(hparams, default_hparams())
         if self.hparams.type not in CELL_TYPES:
             raise ValueError(f"cell.type {self.hparams.type!r} is not supported; use one of {', '.join(CELL_TYPES)}")
@@ -57,6 +64,21 @@ class LSTMDecoder(tf.Module):
     def zero_state(self, batch_size):
         return tf.zeros([self.num_layers, 2, batch_size, self.num_units])
 
+    def _matmul(self, x, kernel):
+        if self.matmul_dtype == tf.float32:
+            return tf.matmul(x, kernel)
+        product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
+        return tf.cast(product, tf.float32)
+
+    def _gate_bias(self, layer):
+        # forget_bias joins the f quarter of the bias once per call instead of
+        # once per time step.
+        if not self.forget_bias:
+            return self.biases[layer]
+        units = self.num_units
+        shift = tf.concat([tf.zeros([2 * units]), tf.fill([units], self.forget_bias), tf.zeros([units])], 0)
+        return self.biases[layer] + shift
+
     def __call__(self, inputs, state, dropout=None):
         """inputs [T, B, D]; state [L, 2, B, H]; dropout a RowDropout when training."""
         num_steps = inputs.shape[0]
@@ -68,20 +90,61 @@ class LSTMDecoder(tf.Module):
             # The input projection has no time dependency: one big matmul for
             # all T steps leaves only the [B, H] x [H, 4H] product in the loop.
             flat = tf.reshape(layer_input, [-1, layer_input.shape[-1]])
-            projected = tf.reshape(tf.matmul(flat, self.input_kernels[layer]) + self.biases[layer],
+            projected = tf.reshape(self._matmul(flat, self.input_kernels[layer]) + self._gate_bias(layer),
                                    [num_steps, -1, 4 * self.num_units])
-            outputs = []
-            for t in range(num_steps):
-                gates = projected[t] + tf.matmul(h, self.recurrent_kernels[layer])
-                i, j, f, o = tf.split(gates, 4, axis=1)
-                c = tf.sigmoid(f + self.forget_bias) * c + tf.sigmoid(i) * tf.tanh(j)
-                h = tf.sigmoid(o) * tf.tanh(c)
-                outputs.append(h)
+            kernel = tf.cast(self.recurrent_kernels[layer], self.matmul_dtype)
+            outputs, c, h = _lstm_sequence(projected, c, h, kernel)
             final_states.append(tf.stack([c, h]))
-            layer_input = tf.stack(outputs)
+            layer_input = outputs
             if dropout is not None and rate > 0:
                 layer_input = dropout(layer_input, rate, salt=layer + 1)
         flat = tf.reshape(layer_input, [-1, self.num_units])
-        logits = tf.matmul(flat, self.output_kernel) + self.output_bias
+        logits = self._matmul(flat, self.output_kernel) + self.output_bias
         logits = tf.reshape(logits, [num_steps, -1, self.output_kernel.shape[1]])
         return logits, tf.stack(final_states)
+
+
+@tf.custom_gradient
+def _lstm_sequence(projected, c, h, kernel):
+    """Runs one layer's cell over time: projected [T, B, 4H] holds x W_x + b.
+
+    Returns the outputs [T, B, H] and the final c and h. The gradient is
+    hand-written backpropagation through time: automatic differentiation
+    would compute the recurrent kernel's gradient as T small matmuls summed
+    by AddN and add a few ops per step; here it is one [H, T*B] x [T*B, 4H]
+    matmul after the loop, which profiles showed to matter at this size.
+    kernel may be a bfloat16 copy (mixed precision); all else is float32.
+    """
+    steps = tf.unstack(projected)
+    saved, outputs = [], []
+    for gates_x in steps:
+        recurrent = tf.cast(tf.matmul(tf.cast(h, kernel.dtype), kernel), tf.float32)
+        i, j, f, o = tf.split(gates_x + recurrent, 4, axis=1)
+        i, j, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
+        new_c = f * c + i * j
+        tanh_c = tf.tanh(new_c)
+        saved.append((h, c, i, j, f, o, tanh_c))
+        c, h = new_c, o * tanh_c
+        outputs.append(h)
+
+    def grad(d_outputs, d_c, d_h):
+        d_steps = tf.unstack(d_outputs)
+        d_gates = [None] * len(steps)
+        for t in reversed(range(len(steps))):
+            h_prev, c_prev, i, j, f, o, tanh_c = saved[t]
+            d_h = d_h + d_steps[t]
+            d_c = d_c + tf.raw_ops.TanhGrad(y=tanh_c, dy=d_h * o)
+            d_gates[t] = tf.concat([tf.raw_ops.SigmoidGrad(y=i, dy=d_c * j),
+                                    tf.raw_ops.TanhGrad(y=j, dy=d_c * i),
+                                    tf.raw_ops.SigmoidGrad(y=f, dy=d_c * c_prev),
+                                    tf.raw_ops.SigmoidGrad(y=o, dy=d_h * tanh_c)], axis=1)
+            d_c = d_c * f
+            d_h = tf.cast(tf.matmul(tf.cast(d_gates[t], kernel.dtype), kernel, transpose_b=True), tf.float32)
+        d_projected = tf.stack(d_gates)
+        units = kernel.shape[0]
+        h_prevs = tf.reshape(tf.stack([step[0] for step in saved]), [-1, units])
+        d_kernel = tf.matmul(tf.cast(h_prevs, kernel.dtype), tf.cast(tf.reshape(d_projected, [-1, 4 * units]), kernel.dtype),
+                             transpose_a=True)
+        return d_projected, d_c, d_h, d_kernel
+
+    return (tf.stack(outputs), c, h), grad

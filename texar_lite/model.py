@@ -12,7 +12,8 @@ class LanguageModel(tf.Module):
         init = uniform_initializer(config["init_scale"], seed)
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
-            self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init)
+            self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init,
+                                       precision=config.get("precision", "float32"))
 
     @property
     def vocab_size(self):

@@ -1,0 +1,500 @@
+"""The speed benchmark behind `make bench`: prints a table and writes BENCHMARKS.md.
+
+    python bench.py                      # everything, about 5 minutes on 2 cores
+    python bench.py --quick              # fewer steps, for a smoke check
+    python bench.py --levers             # adds Horovod cycle-time / fusion variants
+
+It measures, each in a fresh process so that peak RSS and thread settings
+belong to one measurement: the fp32 (and bf16) matmul ceiling; ms/step and
+words/s of the small and medium training steps in one process; 1 rank x 2
+threads against 2 ranks x 1 thread under mpirun, with the time a step spends
+in Horovod collectives (from a Horovod timeline); analytic FLOPs per step and
+the share of the ceiling; and the PyTorch reference LM if its venv exists.
+Timings are medians over repeated windows of steps, after warm-up steps; the
+spread is the min..max of the windows.
+
+The functions return numbers, so a notebook can `import bench` and call them.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PYTHON = sys.executable
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
+          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "HOROVOD_TIMELINE",
+          "-x", "HOROVOD_CYCLE_TIME", "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "TF_CPP_MIN_LOG_LEVEL",
+          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/torchref/bin/python")
+TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", "/work/shared/bench/torch_ref_lm.py")
+RESULT_TAG = "BENCH_RESULT "
+MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# The goals of issue 6.
+GOAL_TORCH_RATIO, GOAL_CEILING_SHARE, GOAL_SCALING, GOAL_COMM_SHARE = 1.3, 0.70, 0.95, 0.05
+
+
+def spread(values):
+    """(median, min, max) of a list of numbers."""
+    return statistics.median(values), min(values), max(values)
+
+
+# --------------------------------------------------------------------------
+# Analytic model of the step
+
+
+def analytic_flops(config, vocab_size=10000):
+    """Matmul FLOPs of one training step (forward + backward); elementwise work is left out.
+
+    The backward pass of a matmul is two matmuls of the same size, so a step
+    is 3x the forward matmuls: per layer the input projection and the
+    recurrent product (2 * T*B * in * 4H each), then the softmax layer
+    (2 * T*B * H * V).
+    """
+    tokens = config["batch_size"] * config["num_steps"]
+    units, emb = config["hidden_size"], config["emb"]["dim"]
+    forward = 0
+    for layer in range(config["cell"]["num_layers"]):
+        in_size = emb if layer == 0 else units
+        forward += 2 * tokens * (in_size + units) * 4 * units
+    forward += 2 * tokens * units * vocab_size
+    return 3 * forward
+
+
+def gradient_bytes(config, vocab_size=10000, ranks=1):
+    """Bytes one rank contributes per step: (dense allreduce, embedding rows allgathered)."""
+    units, emb, layers = config["hidden_size"], config["emb"]["dim"], config["cell"]["num_layers"]
+    dense = 0
+    for layer in range(layers):
+        in_size = emb if layer == 0 else units
+        dense += (in_size + units) * 4 * units + 4 * units
+    dense += units * vocab_size + vocab_size
+    rows = config["batch_size"] * config["num_steps"]
+    if config["batch_mode"] == "global":
+        rows //= ranks
+    return 4 * dense, rows * (4 * emb + 8)
+
+
+def predict_step(compute_ms, config, ranks, bandwidth_gbit, latency_us=20.0, vocab_size=10000):
+    """Step time (ms) at `ranks` ranks with a ring allreduce and an allgather, nothing overlapped.
+
+    Ring allreduce moves 2(N-1)/N of the dense bytes through each link in
+    2(N-1) latency-bound steps; the allgather delivers the other N-1 ranks'
+    embedding rows to each rank in N-1 steps.
+    """
+    dense, rows = gradient_bytes(config, vocab_size, ranks)
+    rate = bandwidth_gbit * 1e9 / 8 / 1e3  # bytes per ms
+    if ranks == 1:
+        return compute_ms
+    allreduce = 2 * (ranks - 1) / ranks * dense / rate + 2 * (ranks - 1) * latency_us / 1e3
+    allgather = (ranks - 1) * rows / rate + (ranks - 1) * latency_us / 1e3
+    return compute_ms + allreduce + allgather
+
+
+# --------------------------------------------------------------------------
+# Measurements that run inside a worker process
+
+
+def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
+    """GFLOP/s of an n x n x n tf.matmul: (median, min, max) over `repeats` timings."""
+    import tensorflow as tf
+    a = tf.cast(tf.random.uniform([n, n]), dtype)
+    b = tf.cast(tf.random.uniform([n, n]), dtype)
+    product = tf.function(lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b)[0, :8], tf.float32)))
+    product(a, b).numpy()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            product(a, b).numpy()
+        rates.append(2 * n ** 3 * inner / (time.perf_counter() - start) / 1e9)
+    return spread(rates)
+
+
+def _batches(config, data_path, rank, size, global_batch):
+    """Endless training windows of this rank: PTB when data_path has it, else random ids."""
+    import numpy as np
+
+    import ptb_reader
+    num_steps = config["num_steps"]
+    if data_path and os.path.exists(os.path.join(data_path, "ptb.train.txt")):
+        ids = ptb_reader.load_ptb(data_path, vocab_size=config["vocab_size"]).train
+    else:
+        ids = np.random.default_rng(0).integers(0, config["vocab_size"], 200_000).astype(np.int32)
+    while True:
+        yield from ptb_reader.ptb_iterator(ids, global_batch, num_steps, rank, size)
+
+
+def _timeline_collective_ms(path, steps):
+    """Per-step ms that rank 0 spent in Horovod collectives, from a timeline file.
+
+    Returns {"comm": union of the MPI/Gloo transfer spans, "collective":
+    union of the whole collective spans after negotiation, "negotiate":
+    union of negotiation spans (mostly waiting for the slower rank)}.
+    """
+    with open(path) as f:
+        text = f.read().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    open_spans, spans = {}, {"comm": [], "collective": [], "negotiate": []}
+    for event in events:
+        if event.get("ph") not in ("B", "E"):
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if event["ph"] == "B":
+            open_spans.setdefault(key, []).append((event.get("name", ""), event["ts"]))
+            continue
+        if not open_spans.get(key):
+            continue
+        name, begin = open_spans[key].pop()
+        if name.startswith(("MPI_", "GLOO_")) and "CALLBACK" not in name:
+            spans["comm"].append((begin, event["ts"]))
+        elif name.startswith("NEGOTIATE"):
+            spans["negotiate"].append((begin, event["ts"]))
+        elif name in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"):
+            spans["collective"].append((begin, event["ts"]))
+
+    def union_ms(intervals):
+        total, end = 0.0, float("-inf")
+        for begin, finish in sorted(intervals):
+            if finish > end:
+                total += finish - max(begin, end)
+                end = finish
+        return total / 1e3
+
+    return {kind: union_ms(intervals) / steps for kind, intervals in spans.items()}
+
+
+def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
+                     distributed=False, sparse_as_dense=False, timeline=""):
+    """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
+
+    Returns a dict with ms/step and words/s (global: all ranks' tokens), the
+    thread settings, peak RSS per rank, and with a timeline the per-step
+    time in collectives.
+    """
+    from texar_lite import config as config_lib
+    from texar_lite import context
+    ctx = context.LocalContext()
+    if distributed:
+        import horovod.tensorflow as hvd
+        hvd.init()
+        ctx = context.HorovodContext(hvd, sparse_as_dense=sparse_as_dense)
+    intra, inter = context.configure_cpu_threads(ctx.local_size)
+    import tensorflow as tf
+
+    from texar_lite import optimization, trainer
+    from texar_lite.model import LanguageModel
+    config = config_lib.load_config(config_name, list(overrides))
+    plan = trainer.BatchPlan.from_config(config, ctx.size)
+    model = LanguageModel(config, config["vocab_size"], seed=1234)
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
+    train_step = trainer._make_train_step(model, optimizer, config, ctx, plan, seed=1234)
+    batches = _batches(config, data_path, ctx.rank, ctx.size, plan.global_batch)
+    state = model.zero_state(plan.rows_per_rank)
+    epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
+
+    def run(count, first):
+        nonlocal state
+        for step in range(first, first + count):
+            x, y = next(batches)
+            loss, state, _ = train_step(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)
+            float(loss)  # the trainer reads the loss every step; so does the benchmark
+
+    run(warmup, 0)
+    if timeline and ctx.is_chief:
+        hvd.start_timeline(timeline)
+    windows = []
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        run(steps, warmup + repeat * steps)
+        windows.append((time.perf_counter() - start) * 1e3 / steps)
+    result = {"ms_per_step": spread(windows)}
+    if timeline and ctx.is_chief:
+        hvd.stop_timeline()
+        result["collectives_ms"] = _timeline_collective_ms(timeline, steps * repeats)
+    tokens = plan.global_batch * config["num_steps"]
+    result.update(words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
+                  intra_threads=intra, inter_threads=inter, tokens_per_step=tokens,
+                  flops_per_step=analytic_flops(config, config["vocab_size"]) * plan.global_batch
+                  // config["batch_size"],
+                  peak_rss_mb=ctx.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                                   name="peak_rss"))
+    return result
+
+
+def worker(argv):
+    """Entry point of the measuring processes (python bench.py --worker JSON)."""
+    task = json.loads(argv[0])
+    kind = task.pop("kind")
+    if kind == "matmul":
+        from texar_lite import context
+        context.configure_cpu_threads(1)
+        result = {dtype: matmul_gflops(dtype=dtype, repeats=task["repeats"]) for dtype in task["dtypes"]}
+    else:
+        result = measure_training(**task)
+    if result.get("ranks", 1) == 1 or _is_chief():
+        print(RESULT_TAG + json.dumps(result), flush=True)
+    return 0
+
+
+def _is_chief():
+    import horovod.tensorflow as hvd
+    return hvd.rank() == 0
+
+
+# --------------------------------------------------------------------------
+# The orchestrating process
+
+
+def run_worker(task, ranks=0, env=None, timeout=900):
+    """Runs one measurement in a fresh process (under mpirun -np ranks when ranks > 0)."""
+    command = [PYTHON, os.path.join(ROOT, "bench.py"), "--worker", json.dumps(task)]
+    if ranks:
+        command = [*MPIRUN, "-np", str(ranks), *command]
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, **(env or {}))
+    proc = subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
+    raise RuntimeError(f"benchmark worker failed ({proc.returncode}): {shlex.join(command)}\n"
+                       f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def torch_reference(data_path, steps=300):
+    """words/s of the PyTorch reference LM (1 epoch capped at `steps` steps), or None without its venv."""
+    if not (os.path.exists(TORCH_PYTHON) and os.path.exists(TORCH_REFERENCE)):
+        return None
+    proc = subprocess.run([TORCH_PYTHON, TORCH_REFERENCE, data_path, "1", str(steps)],
+                          capture_output=True, text=True, timeout=900)
+    match = re.search(r"wps (\d+)", proc.stdout)
+    if not match:
+        raise RuntimeError(f"torch reference failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    torch_version = subprocess.run([TORCH_PYTHON, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True).stdout.strip()
+    return {"words_per_s": float(match.group(1)), "torch": torch_version, "steps": steps}
+
+
+def busy_trainers():
+    """Command lines of lm_ptb training processes that would share the CPU with the benchmark."""
+    out = subprocess.run(["pgrep", "-af", "lm_ptb"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def run_all(data_path, quick=False, levers=False, torch_steps=300):
+    """Every measurement of the benchmark; returns the results as a dict."""
+    small = dict(steps=10 if quick else 30, repeats=3 if quick else 5, warmup=5 if quick else 10,
+                 data_path=data_path)
+    medium = dict(steps=3 if quick else 6, repeats=3, warmup=2 if quick else 3, data_path=data_path)
+    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0))}
+    results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"],
+                                    "repeats": 3 if quick else 5})
+    results["small"] = run_worker({"kind": "train", "config_name": "config_small", **small})
+    results["small_bf16"] = run_worker({"kind": "train", "config_name": "config_small",
+                                        "overrides": ["precision=mixed_bfloat16"],
+                                        **dict(small, steps=max(3, small["steps"] // 3), warmup=3)})
+    results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
+    with tempfile.TemporaryDirectory() as tmp:
+        def horovod(ranks, name, **extra):
+            timeline = os.path.join(tmp, f"{name}.json")
+            env = {"HOROVOD_TIMELINE": "DYNAMIC", **extra.pop("env", {})}
+            results[name] = run_worker({"kind": "train", "config_name": "config_small", "distributed": True,
+                                        "timeline": timeline, **small, **extra}, ranks=ranks, env=env)
+
+        horovod(1, "hvd_1x2")
+        horovod(2, "hvd_2x1")
+        horovod(2, "hvd_2x1_dense", sparse_as_dense=True)
+        horovod(2, "hvd_2x1_per_worker", overrides=["batch_mode=per_worker"])
+        if levers:
+            horovod(2, "hvd_2x1_cycle0.2ms", env={"HOROVOD_CYCLE_TIME": "0.2"})
+            horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
+            horovod(2, "hvd_2x1_nofusion", env={"HOROVOD_FUSION_THRESHOLD": "0"})
+    results["torch"] = torch_reference(data_path, torch_steps) if data_path else None
+    results["busy_after"] = busy_trainers()
+    return results
+
+
+# --------------------------------------------------------------------------
+# Reporting
+
+
+def _fmt(triple, digits=1):
+    median, low, high = triple
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def table_rows(results):
+    """The table as (row name, ms/step, words/s, GFLOP/s, % of fp32 ceiling, comm ms, peak RSS MB/rank)."""
+    ceiling = results["matmul"]["float32"][0]
+    rows = []
+    names = [("small", "small, 1 process, 2 threads"), ("small_bf16", "small, mixed_bfloat16"),
+             ("medium", "medium, 1 process, 2 threads"), ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
+             ("hvd_2x1", "small, Horovod 2 ranks x 1 thread"),
+             ("hvd_2x1_dense", "small, 2x1, --sparse_as_dense"),
+             ("hvd_2x1_per_worker", "small, 2x1, batch_mode=per_worker (2x batch)"),
+             ("hvd_2x1_cycle0.2ms", "small, 2x1, HOROVOD_CYCLE_TIME=0.2"),
+             ("hvd_2x1_cycle5ms", "small, 2x1, HOROVOD_CYCLE_TIME=5"),
+             ("hvd_2x1_nofusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=0")]
+    for key, label in names:
+        r = results.get(key)
+        if not r:
+            continue
+        ms = r["ms_per_step"][0]
+        gflops = r["flops_per_step"] / ms / 1e6
+        comm = r.get("collectives_ms")
+        rows.append((label, _fmt(r["ms_per_step"]), _fmt(r["words_per_s"], 0), f"{gflops:.0f}",
+                     f"{100 * gflops / ceiling:.0f}%",
+                     f"{comm['collective']:.1f} / {comm['comm']:.1f}" if comm and r["ranks"] > 1 else "-",
+                     " / ".join(f"{mb:.0f}" for mb in r["peak_rss_mb"])))
+    return rows
+
+
+def goals(results):
+    """The issue's four goals as (text, measured value, met)."""
+    ceiling = results["matmul"]["float32"][0]
+    small = results["small"]
+    out = []
+    if results.get("torch"):
+        ratio = small["words_per_s"][0] / results["torch"]["words_per_s"]
+        out.append((f"words/s >= {GOAL_TORCH_RATIO}x PyTorch", f"{ratio:.2f}x", ratio >= GOAL_TORCH_RATIO))
+    share = small["flops_per_step"] / small["ms_per_step"][0] / 1e6 / ceiling
+    out.append((f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling", f"{share:.0%}",
+                share >= GOAL_CEILING_SHARE))
+    scaling = results["hvd_2x1"]["words_per_s"][0] / results["hvd_1x2"]["words_per_s"][0]
+    out.append((f"2x1 >= {GOAL_SCALING}x of 1x2 words/s", f"{scaling:.2f}x", scaling >= GOAL_SCALING))
+    comm = results["hvd_2x1"]["collectives_ms"]["collective"] / results["hvd_2x1"]["ms_per_step"][0]
+    out.append((f"collectives <= {GOAL_COMM_SHARE:.0%} of the 2x1 step", f"{comm:.1%}", comm <= GOAL_COMM_SHARE))
+    return out
+
+
+def scaling_rows(results, ranks=(2, 8, 64), bandwidths=(10, 100), latency_us=20.0):
+    """Predicted per_worker (weak scaling) steps: (ranks, Gb/s, step ms, efficiency, words/s)."""
+    from texar_lite.config import load_config
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    compute = results["small"]["ms_per_step"][0]
+    rows = []
+    for bandwidth in bandwidths:
+        for n in ranks:
+            step = predict_step(compute, config, n, bandwidth, latency_us)
+            rows.append((n, bandwidth, step, compute / step, n * results["small"]["tokens_per_step"] / step * 1e3))
+    return rows
+
+
+def render(results, command):
+    """The generated part of BENCHMARKS.md, as Markdown."""
+    mm = results["matmul"]
+    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores with `{command}`.", ""]
+    if results["busy_before"] or results["busy_after"]:
+        lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
+                  "so the numbers below are lower than an idle machine would give:", ""]
+        lines += [f"    {line}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
+    lines += [f"fp32 matmul ceiling (2048^3, 2 threads): **{_fmt(mm['float32'], 0)} GFLOP/s**; "
+              f"bf16: {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
+              "| step | ms/step | words/s | GFLOP/s | % fp32 ceiling | collective / transfer ms per step "
+              "| peak RSS MB per rank |", "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    lines += ["", "Medians over repeated windows of steps after warm-up, (min-max) of the windows. "
+              f"FLOPs per step are analytic matmul FLOPs: small {results['small']['flops_per_step'] / 1e9:.2f} "
+              f"GFLOP, medium {results['medium']['flops_per_step'] / 1e9:.2f} GFLOP. Collective ms is rank 0's "
+              "time inside Horovod collectives after negotiation (Horovod timeline), transfer ms the MPI "
+              "part of it.", ""]
+    if results.get("torch"):
+        t = results["torch"]
+        lines += [f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
+                  f"{t['steps']} steps, same session): **{t['words_per_s']:.0f} words/s**; "
+                  f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.", ""]
+    else:
+        lines += ["PyTorch reference: not run (no venv at TORCH_PYTHON or no PTB data).", ""]
+    lines += ["| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {text} | {value} | {'yes' if met else 'no'} |" for text, value, met in goals(results)]
+    lines += _render_scaling(results)
+    lines += ["", MARK_END]
+    return "\n".join(lines)
+
+
+def _render_scaling(results):
+    from texar_lite.config import load_config
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    dense, rows = gradient_bytes(config)
+    measured = results["hvd_2x1_per_worker"]
+    lines = ["", "### Scaling past one machine (predicted from the measured step)", "",
+             f"Per rank and step the small model sends {dense / 1e6:.2f} MB of dense gradients (LSTM kernels "
+             f"and biases, softmax kernel and bias; ring allreduce) and {rows / 1e3:.0f} kB of embedding rows "
+             "(400 rows of 200 floats plus int64 indices; allgather). Prediction for batch_mode=per_worker "
+             f"(20 rows per rank), compute = the measured 1-process step ({results['small']['ms_per_step'][0]:.1f} "
+             "ms), 20 us per message, no overlap of communication with compute:", "",
+             "| ranks | network | predicted step ms | efficiency | words/s |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {bw} Gb/s | {step:.1f} | {eff:.0%} | {wps:.0f} |" for n, bw, step, eff, wps in scaling_rows(results)]
+    comm = measured.get("collectives_ms", {})
+    lines += ["", f"Measured here, 2 ranks on one host over TCP loopback (per_worker): "
+              f"{measured['ms_per_step'][0]:.1f} ms/step, of which {comm.get('collective', 0):.1f} ms in "
+              f"collectives ({comm.get('comm', 0):.1f} ms in MPI transfers, {comm.get('negotiate', 0):.1f} ms "
+              "negotiating, i.e. waiting for the other rank); the model predicts "
+              f"{predict_step(0.0, config, 2, 10):.1f} ms of communication at 10 Gb/s."]
+    return lines
+
+
+def write_report(results, command, path=os.path.join(ROOT, "BENCHMARKS.md")):
+    """Replaces the generated block of BENCHMARKS.md, keeping the hand-written text around it."""
+    block = render(results, command)
+    text = open(path).read() if os.path.exists(path) else f"# Benchmarks\n\n{MARK_BEGIN}\n{MARK_END}\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + block + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def print_table(results):
+    header = ("step", "ms/step", "words/s", "GFLOP/s", "%ceil", "coll/xfer ms", "RSS MB/rank")
+    rows = [header] + table_rows(results)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    mm = results["matmul"]
+    print(f"fp32 matmul ceiling {_fmt(mm['float32'], 0)} GFLOP/s, bf16 {_fmt(mm['bfloat16'], 0)} GFLOP/s")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    if results.get("torch"):
+        print(f"PyTorch reference {results['torch']['words_per_s']:.0f} words/s")
+    for text, value, met in goals(results):
+        print(f"goal {text}: {value} ({'met' if met else 'not met'})")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return worker(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data_path", default=os.environ.get("PTB_DIR", "/tmp/ptb"),
+                        help="PTB folder; without ptb.train.txt the steps run on random ids")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    parser.add_argument("--levers", action="store_true", help="also time Horovod cycle-time and fusion variants")
+    parser.add_argument("--no_report", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--json", default="", help="also save every measurement to this JSON file")
+    args = parser.parse_args(argv)
+    data_path = args.data_path if os.path.exists(os.path.join(args.data_path, "ptb.train.txt")) else ""
+    if busy_trainers():
+        print("warning: lm_ptb training is running; the numbers will be low:\n  " + "\n  ".join(busy_trainers()),
+              file=sys.stderr)
+    results = run_all(data_path, quick=args.quick, levers=args.levers)
+    print_table(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if not args.no_report:
+        write_report(results, shlex.join(["python", "bench.py", *argv]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The fast paths against plain references: same outputs and gradients, bf16 close to fp32."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from texar_lite import optimization
+from texar_lite.config import load_config
+from texar_lite.context import LocalContext
+from texar_lite.decoder import LSTMDecoder
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.model import LanguageModel
+from texar_lite.trainer import BatchPlan, _make_train_step
+
+
+def _reference_decoder(dec, inputs, state):
+    """The BasicLSTMCell equations left to automatic differentiation."""
+    layer_input, finals = inputs, []
+    for layer in range(dec.num_layers):
+        c, h = state[layer, 0], state[layer, 1]
+        outputs = []
+        for t in range(inputs.shape[0]):
+            gates = (tf.matmul(layer_input[t], dec.input_kernels[layer])
+                     + tf.matmul(h, dec.recurrent_kernels[layer]) + dec.biases[layer])
+            i, j, f, o = tf.split(gates, 4, axis=1)
+            c = tf.sigmoid(f + dec.forget_bias) * c + tf.sigmoid(i) * tf.tanh(j)
+            h = tf.sigmoid(o) * tf.tanh(c)
+            outputs.append(h)
+        finals.append(tf.stack([c, h]))
+        layer_input = tf.stack(outputs)
+    logits = tf.einsum("tbh,hv->tbv", layer_input, dec.output_kernel) + dec.output_bias
+    return logits, tf.stack(finals)
+
+
+def _outputs_and_grads(fn, dec, inputs, state, weights):
+    with tf.GradientTape() as tape:
+        tape.watch([inputs, state])
+        logits, final = fn(inputs, state)
+        # Weights on every output, so that each gradient path is exercised.
+        loss = tf.reduce_sum(logits * weights) + tf.reduce_sum(final * final)
+    grads = tape.gradient(loss, [inputs, state] + list(dec.trainable_variables))
+    return [logits, final] + grads
+
+
+@pytest.mark.parametrize("forget_bias", [0.0, 1.0])
+def test_decoder_matches_autodiff_reference(forget_bias):
+    dec = LSTMDecoder(input_size=6, vocab_size=13,
+                      hparams={"kwargs": {"num_units": 5, "forget_bias": forget_bias}, "num_layers": 2})
+    rng = np.random.default_rng(1)
+    for var in dec.trainable_variables:
+        var.assign(rng.normal(scale=0.5, size=var.shape).astype(np.float32))
+    inputs = tf.constant(rng.normal(size=(7, 3, 6)).astype(np.float32))
+    state = tf.constant(rng.normal(size=(2, 2, 3, 5)).astype(np.float32))
+    weights = tf.constant(rng.normal(size=(7, 3, 13)).astype(np.float32))
+    fast = _outputs_and_grads(dec, dec, inputs, state, weights)
+    reference = _outputs_and_grads(lambda x, s: _reference_decoder(dec, x, s), dec, inputs, state, weights)
+    for got, want in zip(fast, reference):
+        np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_loss_and_gradient_match_tensorflow_cross_entropy():
+    rng = np.random.default_rng(2)
+    labels = tf.constant(rng.integers(0, 50, size=(4, 3)).astype(np.int32))
+    logits = tf.constant(rng.normal(scale=3.0, size=(4, 3, 50)).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        fast = sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True) * 2.0
+        reference = tf.reduce_sum(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)) / 3.0 * 2.0
+    np.testing.assert_allclose(fast.numpy(), reference.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(fast, logits).numpy(), tape.gradient(reference, logits).numpy(),
+                               atol=1e-6)
+
+
+def test_loss_stays_exact_when_a_label_probability_underflows():
+    logits = tf.constant([[[0.0, 200.0, -200.0]]])
+    labels = tf.constant([[2]])
+    loss = sequence_sparse_softmax_cross_entropy(labels, logits)
+    assert np.isfinite(loss.numpy())
+    np.testing.assert_allclose(loss.numpy(), 400.0, rtol=1e-6)
+
+
+def _apply(optimizer_args, fast):
+    dense = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+    table = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
+    optimizer = tf.keras.optimizers.SGD(**optimizer_args)
+    optimizer.build([dense, table])
+    grads = [tf.constant([[0.5, -0.25], [1.0, 2.0]]),
+             tf.IndexedSlices(tf.constant([[1.0, 1.0], [0.5, -3.0]]), tf.constant([3, 1]), tf.constant([4, 2]))]
+    for _ in range(2):
+        if fast:
+            optimization.apply_gradients(optimizer, grads, [dense, table])
+        else:
+            optimizer.apply_gradients(zip(grads, [dense, table]))
+    return dense.numpy(), table.numpy(), int(optimizer.iterations.numpy())
+
+
+@pytest.mark.parametrize("args", [{"learning_rate": 0.7}, {"learning_rate": 0.7, "momentum": 0.9}])
+def test_sgd_fast_path_equals_keras_sgd(args):
+    for got, want in zip(_apply(args, fast=True), _apply(args, fast=False)):
+        np.testing.assert_array_equal(got, want)
+
+
+def _losses(precision, steps=4):
+    config = load_config("tests/config_tiny.py", [f"precision={precision}", "vocab_size=200"])
+    rng = np.random.default_rng(3)
+    model = LanguageModel(config, 200, seed=5)
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    step = _make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 5)
+    state = model.zero_state(config["batch_size"])
+    losses = []
+    for i in range(steps):
+        x = rng.integers(0, 200, size=(config["batch_size"], config["num_steps"])).astype(np.int32)
+        loss, state, _ = step(x, np.roll(x, -1, axis=1), state, tf.constant(0, tf.int64),
+                              tf.constant(i, tf.int64), tf.constant(0.0))
+        losses.append(float(loss))
+    return losses, model
+
+
+def test_mixed_bfloat16_trains_close_to_float32():
+    fp32, _ = _losses("float32")
+    bf16, model = _losses("mixed_bfloat16")
+    assert all(var.dtype == tf.float32 for var in model.trainable_variables)
+    np.testing.assert_allclose(bf16, fp32, rtol=1e-2)
+    assert bf16 != fp32  # the bf16 matmuls did run
