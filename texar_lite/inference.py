@@ -87,6 +87,7 @@ def load(output_dir, data_path, checkpoint="latest", config_name=None, overrides
     path = checkpoint_path(output_dir, checkpoint)
     data = ptb_reader.load_ptb(data_path, vocab_size=config["vocab_size"])
     model = LanguageModel(config, data.vocab_size, seed=0)
+    _check_shapes(path, model, data.vocab_size, data_path)
     try:
         # The optimizer slots and training position are in the checkpoint too;
         # expect_partial leaves them unread, the assert still demands every weight.
@@ -97,6 +98,25 @@ def load(output_dir, data_path, checkpoint="latest", config_name=None, overrides
             f"{data_path} ({str(err).splitlines()[0]}); pass the --data_path and config the run trained with"
         ) from None
     return TrainedModel(model, config, data, path)
+
+
+def _check_shapes(path, model, vocab_size, data_path):
+    """Fails on a model that differs from the checkpoint's before restore does: a failed
+    restore leaves a partial load behind that logs every unread value as a warning."""
+    try:
+        listed = tf.train.list_variables(path)
+    except (tf.errors.OpError, ValueError) as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
+    saved = sorted(shape for name, shape in listed
+                   if name.startswith("model/") and ".OPTIMIZER_SLOT" not in name)
+    built = sorted(v.shape.as_list() for v in model.variables)
+    if saved != built:
+        only_saved = [shape for shape in saved if shape not in built]
+        only_built = [shape for shape in built if shape not in saved]
+        raise CheckpointError(
+            f"{path} holds weights of shapes {only_saved} where the model built from the run's config and the "
+            f"{vocab_size}-word vocabulary of {data_path} has {only_built}; "
+            "pass the --data_path (and --config) the run trained with")
 
 
 def load_from_args(args):
