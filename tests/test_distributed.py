@@ -221,3 +221,34 @@ def test_launcher_with_a_world_of_one_is_refused(tmp_path, synthetic_corpus):
         "error: the launcher started 2 processes but Horovod sees a world of 1: Horovod was built without "
         "this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) or launch with horovodrun")
     assert not os.path.exists(tmp_path / "results.json")
+
+
+def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, single_run):
+    data, _ = synthetic_corpus
+    result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"])
+    assert result.returncode == 0, result.stderr
+    _assert_same_training(single_run, tmp_path)
+
+
+def test_fp16_allreduce_stays_close(tmp_path, synthetic_corpus, single_run):
+    data, _ = synthetic_corpus
+    result = mpirun(2, [*_args(data, tmp_path), "--fp16_allreduce"])
+    assert result.returncode == 0, result.stderr
+    fp16, fp32 = _results(tmp_path)["step_losses"], _results(single_run)["step_losses"]
+    np.testing.assert_allclose(fp16, fp32, rtol=1e-2)
+    assert fp16 != fp32  # the gradients really went through float16
+
+
+def test_horovod_that_fails_to_import_under_a_launcher_is_an_error(tmp_path, synthetic_corpus):
+    broken = tmp_path / "broken"
+    (broken / "horovod").mkdir(parents=True)
+    (broken / "horovod" / "__init__.py").write_text("raise ImportError('simulated broken build')\n")
+    data, _ = synthetic_corpus
+    result = run_command([PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), "--config", TINY_CONFIG,
+                          "--data_path", data, "--output_dir", str(tmp_path / "out")], timeout=120,
+                         env={"PYTHONPATH": str(broken), "OMPI_COMM_WORLD_SIZE": "2"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: cannot import horovod.tensorflow (a launcher started 2 processes): simulated broken build. "
+        "Run scripts/setup.sh (make setup), or use lm_ptb.py for single-process training")
+    assert not (tmp_path / "out").exists()
