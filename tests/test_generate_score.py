@@ -1,6 +1,7 @@
 """score.py and generate.py against a tiny run trained in-process for one short epoch."""
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -101,6 +102,17 @@ def test_unfinished_run_needs_config(run, tmp_path, capsys):
     assert code == 2
     assert capsys.readouterr().err == (f"error: {tmp_path}/results.json is missing (the run did not finish): "
                                        "pass the --config and --set it trained with\n")
+
+
+def test_unfinished_run_scores_with_its_config(run, tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(os.path.join(run[0], "checkpoints"), unfinished / "checkpoints")
+
+    code = score.main(["--output_dir", str(unfinished), "--data_path", run[1],
+                       "--config", TINY_CONFIG, "--set", "num_epochs=1"])
+
+    assert code == 0
+    assert capsys.readouterr().out.startswith(f"perplexity {run[2]['test_ppl']:.6f} on ")
 
 
 @pytest.mark.timeout(90)

@@ -93,10 +93,7 @@ def load(output_dir, data_path, checkpoint="latest", config_name=None, overrides
         # expect_partial leaves them unread, the assert still demands every weight.
         tf.train.Checkpoint(model=model).restore(path).expect_partial().assert_existing_objects_matched()
     except (tf.errors.OpError, ValueError, AssertionError) as err:
-        raise CheckpointError(
-            f"cannot restore {path} into the run's model with the {data.vocab_size}-word vocabulary of "
-            f"{data_path} ({str(err).splitlines()[0]}); pass the --data_path and config the run trained with"
-        ) from None
+        raise CheckpointError(f"cannot restore {path}: {str(err).splitlines()[0]}") from None
     return TrainedModel(model, config, data, path)
 
 
