@@ -32,7 +32,9 @@ PYTHON = sys.executable
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "HOROVOD_TIMELINE",
           "-x", "HOROVOD_CYCLE_TIME", "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "TF_CPP_MIN_LOG_LEVEL",
-          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+          "-mca", "pml", "ob1"]
+# TCP as between hosts, even on one host; "vader,self" is Open MPI's shared memory.
+BTL = "tcp,self"
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/torchref/bin/python")
 TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", "/work/shared/bench/torch_ref_lm.py")
 RESULT_TAG = "BENCH_RESULT "
@@ -172,7 +174,7 @@ def _timeline_collective_ms(path, steps):
 
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
-                     distributed=False, sparse_as_dense=False, timeline=""):
+                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline=""):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
@@ -185,7 +187,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     if distributed:
         import horovod.tensorflow as hvd
         hvd.init()
-        ctx = context.HorovodContext(hvd, sparse_as_dense=sparse_as_dense)
+        ctx = context.HorovodContext(hvd, fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
     intra, inter = context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
@@ -255,11 +257,11 @@ def _is_chief():
 # The orchestrating process
 
 
-def run_worker(task, ranks=0, env=None, timeout=900):
+def run_worker(task, ranks=0, env=None, btl=BTL, timeout=900):
     """Runs one measurement in a fresh process (under mpirun -np ranks when ranks > 0)."""
     command = [PYTHON, os.path.join(ROOT, "bench.py"), "--worker", json.dumps(task)]
     if ranks:
-        command = [*MPIRUN, "-np", str(ranks), *command]
+        command = [*MPIRUN, "-mca", "btl", btl, "-np", str(ranks), *command]
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, **(env or {}))
     proc = subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
@@ -303,12 +305,15 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
                                         "overrides": ["precision=mixed_bfloat16"],
                                         **dict(small, steps=max(3, small["steps"] // 3), warmup=3)})
     results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
+    if levers:
+        results["small_inter1"] = run_worker({"kind": "train", "config_name": "config_small", **small},
+                                             env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})
     with tempfile.TemporaryDirectory() as tmp:
-        def horovod(ranks, name, **extra):
+        def horovod(ranks, name, env=None, btl=BTL, **extra):
             timeline = os.path.join(tmp, f"{name}.json")
-            env = {"HOROVOD_TIMELINE": "DYNAMIC", **extra.pop("env", {})}
             results[name] = run_worker({"kind": "train", "config_name": "config_small", "distributed": True,
-                                        "timeline": timeline, **small, **extra}, ranks=ranks, env=env)
+                                        "timeline": timeline, **small, **extra}, ranks=ranks,
+                                       env={"HOROVOD_TIMELINE": "DYNAMIC", **(env or {})}, btl=btl)
 
         horovod(1, "hvd_1x2")
         horovod(2, "hvd_2x1")
@@ -318,6 +323,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
             horovod(2, "hvd_2x1_cycle0.2ms", env={"HOROVOD_CYCLE_TIME": "0.2"})
             horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
             horovod(2, "hvd_2x1_nofusion", env={"HOROVOD_FUSION_THRESHOLD": "0"})
+            horovod(2, "hvd_2x1_fp16", fp16_allreduce=True)
+            horovod(2, "hvd_2x1_vader", btl="vader,self")
     results["torch"] = torch_reference(data_path, torch_steps) if data_path else None
     results["busy_after"] = busy_trainers()
     return results
@@ -336,14 +343,18 @@ def table_rows(results):
     """The table as (row name, ms/step, words/s, GFLOP/s, % of fp32 ceiling, comm ms, peak RSS MB/rank)."""
     ceiling = results["matmul"]["float32"][0]
     rows = []
-    names = [("small", "small, 1 process, 2 threads"), ("small_bf16", "small, mixed_bfloat16"),
+    names = [("small", "small, 1 process, 2 threads"),
+             ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
+             ("small_bf16", "small, mixed_bfloat16"),
              ("medium", "medium, 1 process, 2 threads"), ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
              ("hvd_2x1", "small, Horovod 2 ranks x 1 thread"),
              ("hvd_2x1_dense", "small, 2x1, --sparse_as_dense"),
              ("hvd_2x1_per_worker", "small, 2x1, batch_mode=per_worker (2x batch)"),
              ("hvd_2x1_cycle0.2ms", "small, 2x1, HOROVOD_CYCLE_TIME=0.2"),
              ("hvd_2x1_cycle5ms", "small, 2x1, HOROVOD_CYCLE_TIME=5"),
-             ("hvd_2x1_nofusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=0")]
+             ("hvd_2x1_nofusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=0"),
+             ("hvd_2x1_fp16", "small, 2x1, --fp16_allreduce"),
+             ("hvd_2x1_vader", "small, 2x1, -mca btl vader,self (shared memory)")]
     for key, label in names:
         r = results.get(key)
         if not r:
