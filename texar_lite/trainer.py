@@ -4,6 +4,7 @@ lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
 (texar_lite/context.py), which is where every rank-dependent decision lives.
 """
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -154,7 +155,7 @@ def _make_train_step(model, optimizer, config, ctx, plan, seed):
     return train_step
 
 
-def _make_eval_step(model):
+def make_eval_step(model):
     @tf.function
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
@@ -232,7 +233,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         name="init_digests")
 
     train_step = _make_train_step(model, optimizer, config, ctx, plan, opts.seed)
-    eval_step = _make_eval_step(model)
+    eval_step = make_eval_step(model)
     # Trace evaluation now, on every rank at once: traced inside rank 0's
     # evaluation it would be seconds without a heartbeat for the waiting ranks.
     eval_rows = config["batch_size"] // (ctx.size if opts.eval_mode == "distributed" else 1)
@@ -324,6 +325,8 @@ def train_and_evaluate(config, data, ctx, options=None):
         "wps": float(np.mean([m["wps"] for m in metrics])) if metrics else None,
         "world_size": ctx.size,
         "global_batch_size": plan.global_batch,
+        # Lets generate.py and score.py notice a data_path with other words.
+        "vocab_sha256": hashlib.sha256("\n".join(data.vocab).encode()).hexdigest(),
         "learning_rate_scale": plan.lr_scale,
         "versions": versions(ctx),
         "weights_digest_per_rank": final_digests,
