@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -265,16 +264,20 @@ def test_a_rank_dying_mid_epoch_ends_the_job(mode, tmp_path, synthetic_corpus):
     assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
 
 
+HOROVODRUN_2 = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2"]
+# Bounds Gloo's rendezvous and connection waits; a dead rank is noticed sooner, by horovodrun.
+GLOO_ENV = {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}
+
+
 @pytest.mark.timeout(240)
 def test_a_rank_dying_under_horovodrun_gloo_ends_the_job(tmp_path, synthetic_corpus):
     out = tmp_path / "out"
     args = tiny(synthetic_corpus[0], out, "--fault", f"rank=1,epoch={FAULT_EPOCH},step={FAULT_STEP},mode=kill")
-    cmd = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
-           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *args]
-    proc = run_command(cmd, 200, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"})
+    cmd = [*HOROVODRUN_2, PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *args]
+    proc = run_command(cmd, 200, env=GLOO_ENV)
     seconds = fault_to_exit_seconds(proc, time.time())
-    record("rank 1 kill mid-epoch (horovodrun --gloo -np 2)", ["horovodrun", "--gloo", "-np", "2", "-H",
-           "localhost:2", "python", "lm_ptb_distributed.py", *args], proc, seconds,
+    record("rank 1 kill mid-epoch (horovodrun --gloo -np 2)", ["horovodrun", *HOROVODRUN_2[1:], "python",
+           "lm_ptb_distributed.py", *args], proc, seconds,
            "horovodrun: Process 1 exit with status code 137; Terminating remaining workers")
     assert proc.returncode != 0
     assert seconds < EXIT_BOUND_S
@@ -284,12 +287,12 @@ def test_a_rank_dying_under_horovodrun_gloo_ends_the_job(tmp_path, synthetic_cor
 
 # --- signals -----------------------------------------------------------------
 
-def signal_when(cmd, pattern, signum, timeout):
+def signal_when(cmd, pattern, signum, timeout, env=None):
     """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit)."""
     log = subprocess.run(["mktemp"], capture_output=True, text=True).stdout.strip()
     with open(log, "w+") as out, open(log + ".err", "w+") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV), stdout=out, stderr=err,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV, **(env or {})), stdout=out,
+                                stderr=err, start_new_session=True)
         deadline = time.monotonic() + timeout
         try:
             while not re.search(pattern, open(log).read()):
@@ -313,25 +316,27 @@ def signal_when(cmd, pattern, signum, timeout):
     return result, seconds
 
 
-def signal_run(case, launcher, script, tmp_path, corpus, signum, mpi=()):
+def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum, env=None, rank_prefix=""):
     """Signals a run once it trains; checks that it saved where the ranks agreed to stop.
 
     mpirun forwards the ranks' output late, so the stop may come an epoch on;
-    three long epochs keep it inside training.
+    three long epochs keep it inside training. rank_prefix is how the launcher
+    marks the ranks' lines (horovodrun: "[1]<stderr>:").
     """
     out = tmp_path / "out"
     args = tiny(corpus, out, "--max_steps_per_epoch", "100000", epochs=3)
-    cmd = [*launcher, *mpi, PYTHON, os.path.join(ROOT, script), *args]
-    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240)
-    shown = ["python", script, *args] if not launcher else ["mpirun", *mpi, "-np", "2", "python", script, *args]
-    record(case, shown, proc, seconds)
+    cmd = [*launcher, PYTHON, os.path.join(ROOT, script), *args]
+    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240, env)
+    record(case, [*shown_launcher, "python", script, *args], proc, seconds)
     assert proc.returncode != 0
     assert seconds < EXIT_BOUND_S
-    assert "Traceback" not in proc.stderr
+    rank_lines = [re.sub("^" + rank_prefix, "", line) for line in proc.stderr.splitlines()
+                  if re.match(rank_prefix, line)]
+    assert not [line for line in rank_lines if line.startswith("Traceback")], proc.stderr[-3000:]
     stops = re.findall(r"stopped by signal at epoch (\d+) step (\d+)", proc.stderr)
     assert stops and len(set(stops)) == 1, proc.stderr[-3000:]
-    assert error_lines(proc.stderr) == [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert error_lines(proc.stderr)[0].endswith(f"Resume with --resume --output_dir {out}")
+    errors = [line for line in rank_lines if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].endswith(f"Resume with --resume --output_dir {out}"), errors
     epoch, step = map(int, stops[0])
     assert checkpoint_position(latest_checkpoint(out)) == (epoch - 1, step)
     return proc, seconds, len(stops)
@@ -339,12 +344,9 @@ def signal_run(case, launcher, script, tmp_path, corpus, signum, mpi=()):
 
 @pytest.mark.timeout(200)
 def test_sigint_to_one_process_saves_and_exits_130(tmp_path, synthetic_corpus):
-    proc, _, _ = signal_run("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", [], "lm_ptb.py", tmp_path,
+    proc, _, _ = signal_run("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", [], [], "lm_ptb.py", tmp_path,
                             synthetic_corpus[0], signal.SIGINT)
     assert proc.returncode == 128 + signal.SIGINT
-
-
-MPIRUN_2 = [*MPIRUN, "-np", "2"]
 
 
 @pytest.mark.timeout(300)
@@ -352,20 +354,30 @@ def test_sigterm_to_mpirun_reaches_the_ranks_late_and_they_save(tmp_path, synthe
     """mpirun sends SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds
     later (default 1), then SIGKILL as long after that: with 5 the ranks agree
     on the stop, rank 0 saves, and both leave before the SIGKILL."""
+    mca = ["-mca", "odls_base_sigkill_timeout", "5", "-np", "2"]
     proc, seconds, ranks = signal_run(
-        "SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 5)", MPIRUN_2, "lm_ptb_distributed.py",
-        tmp_path, synthetic_corpus[0], signal.SIGTERM, mpi=("-mca", "odls_base_sigkill_timeout", "5"))
+        "SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 5)", [*MPIRUN, *mca], ["mpirun", *mca],
+        "lm_ptb_distributed.py", tmp_path, synthetic_corpus[0], signal.SIGTERM)
     assert ranks == 2
     assert seconds >= 5
 
 
 @pytest.mark.timeout(300)
 def test_sigusr1_to_mpirun_reaches_the_ranks_at_once_and_they_save(tmp_path, synthetic_corpus):
-    proc, seconds, ranks = signal_run("SIGUSR1 to mpirun mid-epoch", MPIRUN_2, "lm_ptb_distributed.py",
-                                      tmp_path, synthetic_corpus[0], signal.SIGUSR1)
+    proc, seconds, ranks = signal_run("SIGUSR1 to mpirun mid-epoch", [*MPIRUN, "-np", "2"], ["mpirun", "-np", "2"],
+                                      "lm_ptb_distributed.py", tmp_path, synthetic_corpus[0], signal.SIGUSR1)
     assert "Forwarding signal 10 to job" in proc.stderr
     assert ranks == 2
     assert proc.returncode == 128 + signal.SIGUSR1
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_horovodrun_reaches_the_ranks_at_once_and_they_save(tmp_path, synthetic_corpus):
+    proc, _, ranks = signal_run("SIGTERM to horovodrun --gloo mid-epoch", HOROVODRUN_2,
+                                ["horovodrun", *HOROVODRUN_2[1:]], "lm_ptb_distributed.py", tmp_path,
+                                synthetic_corpus[0], signal.SIGTERM, env=GLOO_ENV, rank_prefix=r"\[\d+\]<stderr>:")
+    assert ranks == 2
+    assert "Process 0 exit with status code 143" in proc.stdout
 
 
 # --- a kill in the middle of writing a checkpoint ------------------------------

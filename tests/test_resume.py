@@ -8,11 +8,13 @@ import json
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
+from test_failures import fault_to_exit_seconds, record
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -104,8 +106,11 @@ def test_resume_mid_epoch_after_sigterm_is_exact(tmp_path, synthetic_corpus, str
 def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, synthetic_corpus, straight):
     """SIGTERM to rank 1 alone: both ranks stop at the same step, rank 0 saves, 1 process finishes."""
     out = tmp_path / "out"
-    proc = mpirun(2, args(synthetic_corpus[0], out, 2, "--fault", "rank=1,epoch=1,step=4,mode=term"),
-                  timeout=300)
+    run_args = args(synthetic_corpus[0], out, 2, "--fault", "rank=1,epoch=1,step=4,mode=term")
+    proc = mpirun(2, run_args, timeout=300)
+    record("SIGTERM to rank 1 alone mid-epoch (mpirun -np 2)",
+           ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *run_args], proc,
+           fault_to_exit_seconds(proc, time.time()))
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert re.findall(r"stopped by signal at epoch (\d+) step (\d+)", proc.stderr) == [("2", "5")] * 2
     assert "Traceback" not in proc.stderr
