@@ -583,6 +583,11 @@ def _ids(words, word_to_id):
     return np.array([get(w, unk) for w in words], dtype=np.int32)
 
 
+def vocab_sha256(vocab):
+    """A fingerprint of the vocabulary, to tell whether two runs used the same words."""
+    return hashlib.sha256("\n".join(vocab).encode("utf-8")).hexdigest()
+
+
 def file_to_ids(path, word_to_id):
     """Token ids of ``path`` (int32); words outside the vocab become <unk>."""
     if UNK not in word_to_id:

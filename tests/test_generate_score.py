@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +181,16 @@ def test_temperature_must_be_positive(temperature, capsys):
     assert code == 2
     assert capsys.readouterr().err == (f"error: --temperature must be a finite number > 0, "
                                        f"got {float(temperature)}\n")
+
+
+def test_same_size_vocabulary_with_other_words_is_refused(run, tmp_path, capsys):
+    # Renaming one word keeps every count, so every shape, but not the words.
+    other = tmp_path / "renamed"
+    other.mkdir()
+    for split in ("train", "valid", "test"):
+        text = (Path(run[1]) / f"ptb.{split}.txt").read_text()
+        (other / f"ptb.{split}.txt").write_text(text.replace(" w001 ", " zzz "))
+    code = score.main(["--output_dir", run[0], "--data_path", str(other)])
+    assert code == 2
+    assert capsys.readouterr().err == (f"error: --data_path {other} gives another vocabulary than the run "
+                                       "trained on; pass the folder the run trained on\n")

@@ -88,6 +88,7 @@ def load(output_dir, data_path, checkpoint="latest", config_name=None, overrides
     data = ptb_reader.load_ptb(data_path, vocab_size=config["vocab_size"])
     model = LanguageModel(config, data.vocab_size, seed=0)
     _check_shapes(path, model, data.vocab_size, data_path)
+    _check_vocabulary(output_dir, data, data_path)
     try:
         # The optimizer slots and training position are in the checkpoint too;
         # expect_partial leaves them unread, the assert still demands every weight.
@@ -95,6 +96,18 @@ def load(output_dir, data_path, checkpoint="latest", config_name=None, overrides
     except (tf.errors.OpError, ValueError, AssertionError) as err:
         raise CheckpointError(f"cannot restore {path}: {str(err).splitlines()[0]}") from None
     return TrainedModel(model, config, data, path)
+
+
+def _check_vocabulary(output_dir, data, data_path):
+    """Same size is not enough: the words behind the ids must be the run's."""
+    try:
+        with open(os.path.join(output_dir, "results.json")) as f:
+            recorded = json.load(f).get("vocab_sha256")
+    except (OSError, ValueError):
+        return
+    if recorded and recorded != ptb_reader.vocab_sha256(data.vocab):
+        raise UsageError(f"--data_path {data_path} gives another vocabulary than the run trained on; "
+                         "pass the folder the run trained on")
 
 
 def _check_shapes(path, model, vocab_size, data_path):

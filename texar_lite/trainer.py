@@ -4,7 +4,6 @@ lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
 (texar_lite/context.py), which is where every rank-dependent decision lives.
 """
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -326,7 +325,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         "world_size": ctx.size,
         "global_batch_size": plan.global_batch,
         # Lets generate.py and score.py notice a data_path with other words.
-        "vocab_sha256": hashlib.sha256("\n".join(data.vocab).encode()).hexdigest(),
+        "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,
         "versions": versions(ctx),
         "weights_digest_per_rank": final_digests,
