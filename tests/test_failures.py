@@ -381,7 +381,8 @@ def test_sigterm_to_horovodrun_reaches_the_ranks_at_once_and_they_save(tmp_path,
                                 ["horovodrun", *HOROVODRUN_2[1:]], "lm_ptb_distributed.py", tmp_path,
                                 synthetic_corpus[0], signal.SIGTERM, env=GLOO_ENV, rank_prefix=r"\[\d+\]<stderr>:")
     assert ranks == 2
-    assert "Process 0 exit with status code 143" in proc.stdout
+    # horovodrun reports whichever rank it reaps first.
+    assert re.search(r"Process [01] exit with status code 143", proc.stdout), proc.stdout[-2000:]
 
 
 # --- a kill in the middle of writing a checkpoint ------------------------------
