@@ -20,9 +20,11 @@ class CheckpointError(RuntimeError):
 
 
 def _reason(err):
-    """The cause in one line, without TensorFlow's op and function decorations."""
-    text = err.message if isinstance(err, tf.errors.OpError) else str(err)
-    return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", text.splitlines()[0]).strip()
+    """The cause in one line, without TensorFlow's op decorations and temporary file names."""
+    if not isinstance(err, tf.errors.OpError):
+        return str(err).splitlines()[0]
+    text = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", err.message.splitlines()[0]).strip()
+    return text.rsplit("; ", 1)[-1]
 
 
 class TrainCheckpoint:
