@@ -14,10 +14,12 @@ import synthetic_ptb  # noqa: E402
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
 AGENT = os.path.join(ROOT, "tests", "rsh_agent.sh")
-# Open MPI refuses root without these; --oversubscribe lets -np 3/4 run on 2 cores.
+# Open MPI refuses root without --allow-run-as-root; --oversubscribe lets
+# -np 3/4 run on 2 cores, and mpi_yield_when_idle stops waiting ranks from
+# spinning, which on a busy 2-core machine starves the rank being waited for.
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH",
-          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self", "-mca", "mpi_yield_when_idle", "1"]
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
