@@ -407,7 +407,7 @@ def render(results, command):
     if results["busy_before"] or results["busy_after"]:
         lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
                   "so the numbers below are lower than an idle machine would give:", ""]
-        lines += [f"    {line}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
+        lines += [f"    {line[:150]}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
     lines += [f"fp32 matmul ceiling (2048^3, 2 threads): **{_fmt(mm['float32'], 0)} GFLOP/s**; "
               f"bf16: {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
               "| step | ms/step | words/s | GFLOP/s | % fp32 ceiling | collective / transfer ms per step "
