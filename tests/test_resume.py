@@ -154,7 +154,17 @@ def test_resume_with_another_model_size_is_refused(tmp_path, synthetic_corpus, i
                        "--set", "emb.dim=32"), timeout=90)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
-    assert "--resume: cannot read checkpoint" in proc.stderr
+    assert "does not fit this run's model" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_another_global_batch_is_refused(tmp_path, synthetic_corpus, interrupted_mid_epoch):
+    out = tmp_path / "out"
+    shutil.copytree(interrupted_mid_epoch, out)
+    proc = lm_ptb(args(synthetic_corpus[0], out, 2, "--resume", "--set", "batch_size=40"), timeout=90)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "was trained with global batch 20, this run has 40" in proc.stderr
 
 
 def test_best_checkpoint_is_kept_apart_and_keep_limits_the_rest(tmp_path, synthetic_corpus):

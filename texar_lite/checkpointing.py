@@ -118,15 +118,22 @@ class TrainCheckpoint:
             raise CheckpointError(f"--resume: no checkpoint in {where}; train without --resume first, "
                                   "or pass --resume PATH to a checkpoint")
         try:
+            saved_batch = int(tf.train.load_checkpoint(path).get_tensor("global_batch/.ATTRIBUTES/VARIABLE_VALUE"))
+        except (tf.errors.OpError, ValueError) as err:
+            raise CheckpointError(f"--resume: cannot read checkpoint {path}: {_reason(err)}") from None
+        # Checked before restoring: the LSTM state's shape follows the global
+        # batch, and its shape mismatch would hide the reason.
+        if saved_batch != self.plan.global_batch:
+            raise CheckpointError(
+                f"--resume: {path} was trained with global batch {saved_batch}, "
+                f"this run has {self.plan.global_batch}; resume with the same global batch")
+        try:
             # Every variable of this run must come from the checkpoint: one trained
             # with another config fails here instead of resuming half-initialised.
             self.checkpoint.restore(path).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, AssertionError) as err:
-            raise CheckpointError(f"--resume: cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
-        if int(self.global_batch.numpy()) != self.plan.global_batch:
-            raise CheckpointError(
-                f"--resume: {path} was trained with global batch {int(self.global_batch.numpy())}, "
-                f"this run has {self.plan.global_batch}; resume with the same global batch")
+            raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
+                                  "the --config and --set it was trained with") from None
         return {"path": path, "epoch": int(self.epoch.numpy()), "step": int(self.step.numpy()),
                 "state": self.lstm_state.numpy(), "costs": float(self.costs.numpy()),
                 "elapsed": float(self.elapsed.numpy()), "metrics": json.loads(self.metrics.numpy().decode()),
