@@ -31,10 +31,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 PYTHON = sys.executable
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "HOROVOD_TIMELINE",
-          "-x", "HOROVOD_CYCLE_TIME", "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "TF_CPP_MIN_LOG_LEVEL",
-          "-mca", "pml", "ob1"]
-# TCP as between hosts, even on one host; "vader,self" is Open MPI's shared memory.
-BTL = "tcp,self"
+          "-x", "HOROVOD_CYCLE_TIME", "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+# TCP as between hosts, even on one host (btl "vader,self" is Open MPI's shared memory).
+MCA = {"pml": "ob1", "btl": "tcp,self"}
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/torchref/bin/python")
 TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", "/work/shared/bench/torch_ref_lm.py")
 RESULT_TAG = "BENCH_RESULT "
@@ -257,11 +256,15 @@ def _is_chief():
 # The orchestrating process
 
 
-def run_worker(task, ranks=0, env=None, btl=BTL, timeout=900):
-    """Runs one measurement in a fresh process (under mpirun -np ranks when ranks > 0)."""
+def run_worker(task, ranks=0, env=None, mca=None, timeout=900):
+    """Runs one measurement in a fresh process (under mpirun -np ranks when ranks > 0).
+
+    mca overrides or adds Open MPI parameters (mpirun refuses a repeated one).
+    """
     command = [PYTHON, os.path.join(ROOT, "bench.py"), "--worker", json.dumps(task)]
     if ranks:
-        command = [*MPIRUN, "-mca", "btl", btl, "-np", str(ranks), *command]
+        params = [arg for key, value in {**MCA, **(mca or {})}.items() for arg in ("-mca", key, value)]
+        command = [*MPIRUN, *params, "-np", str(ranks), *command]
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, **(env or {}))
     proc = subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
@@ -309,11 +312,11 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
         results["small_inter1"] = run_worker({"kind": "train", "config_name": "config_small", **small},
                                              env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})
     with tempfile.TemporaryDirectory() as tmp:
-        def horovod(ranks, name, env=None, btl=BTL, **extra):
+        def horovod(ranks, name, env=None, mca=None, **extra):
             timeline = os.path.join(tmp, f"{name}.json")
             results[name] = run_worker({"kind": "train", "config_name": "config_small", "distributed": True,
                                         "timeline": timeline, **small, **extra}, ranks=ranks,
-                                       env={"HOROVOD_TIMELINE": "DYNAMIC", **(env or {})}, btl=btl)
+                                       env={"HOROVOD_TIMELINE": "DYNAMIC", **(env or {})}, mca=mca)
 
         horovod(1, "hvd_1x2")
         horovod(2, "hvd_2x1")
@@ -324,7 +327,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
             horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
             horovod(2, "hvd_2x1_nofusion", env={"HOROVOD_FUSION_THRESHOLD": "0"})
             horovod(2, "hvd_2x1_fp16", fp16_allreduce=True)
-            horovod(2, "hvd_2x1_vader", btl="vader,self")
+            horovod(2, "hvd_2x1_vader", mca={"btl": "vader,self"})
+            horovod(2, "hvd_2x1_yield", mca={"mpi_yield_when_idle": "1"})
     results["torch"] = torch_reference(data_path, torch_steps) if data_path else None
     results["busy_after"] = busy_trainers()
     return results
@@ -354,7 +358,8 @@ def table_rows(results):
              ("hvd_2x1_cycle5ms", "small, 2x1, HOROVOD_CYCLE_TIME=5"),
              ("hvd_2x1_nofusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=0"),
              ("hvd_2x1_fp16", "small, 2x1, --fp16_allreduce"),
-             ("hvd_2x1_vader", "small, 2x1, -mca btl vader,self (shared memory)")]
+             ("hvd_2x1_vader", "small, 2x1, -mca btl vader,self (shared memory)"),
+             ("hvd_2x1_yield", "small, 2x1, -mca mpi_yield_when_idle 1")]
     for key, label in names:
         r = results.get(key)
         if not r:
@@ -403,7 +408,10 @@ def scaling_rows(results, ranks=(2, 8, 64), bandwidths=(10, 100), latency_us=20.
 def render(results, command):
     """The generated part of BENCHMARKS.md, as Markdown."""
     mm = results["matmul"]
-    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores with `{command}`.", ""]
+    mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
+    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores with `{command}`. "
+             f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...` with "
+             "HOROVOD_TIMELINE=DYNAMIC.", ""]
     if results["busy_before"] or results["busy_after"]:
         lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
                   "so the numbers below are lower than an idle machine would give:", ""]
