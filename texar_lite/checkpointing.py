@@ -31,7 +31,6 @@ class TrainCheckpoint:
     def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3):
         self.ctx = ctx
         self.plan = plan
-        self.model = model
         self.optimizer = optimizer
         self.directory = os.path.join(output_dir, "checkpoints")
         self.best_directory = os.path.join(output_dir, "best")
