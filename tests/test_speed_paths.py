@@ -1,4 +1,6 @@
 """The fast paths against plain references: same outputs and gradients, bf16 close to fp32."""
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -124,3 +126,27 @@ def test_mixed_bfloat16_trains_close_to_float32():
     assert all(var.dtype == tf.float32 for var in model.trainable_variables)
     np.testing.assert_allclose(bf16, fp32, rtol=1e-2)
     assert bf16 != fp32  # the bf16 matmuls did run
+
+
+def test_bench_analytic_model_and_timeline_parsing(tmp_path):
+    import bench
+
+    small = load_config("config_small")
+    # 3 x (2 layers x 2 x 400 x 400 x 800 + 2 x 400 x 200 x 10000)
+    assert bench.analytic_flops(small) == 6_336_000_000
+    dense, rows = bench.gradient_bytes(load_config("config_small", ["batch_mode=per_worker"]))
+    assert dense == 4 * (2 * (400 * 800 + 800) + 200 * 10000 + 10000) and rows == 400 * (800 + 8)
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    steps = [bench.predict_step(40.0, config, n, 10) for n in (1, 2, 8, 64)]
+    assert steps[0] == 40.0 and steps == sorted(steps)
+    assert bench.predict_step(40.0, config, 64, 100) < steps[-1]
+    # Two fused tensors whose MPI spans overlap count once; negotiation apart.
+    events = [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 500, "pid": 1},
+              {"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 1}, {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": 1},
+              {"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 2}, {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": 2},
+              {"ph": "E", "ts": 3100, "pid": 1}, {"ph": "E", "ts": 3200, "pid": 1},
+              {"ph": "E", "ts": 3100, "pid": 2}, {"ph": "E", "ts": 3200, "pid": 2}]
+    path = tmp_path / "timeline.json"
+    # Horovod leaves the JSON array open while it records.
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
+    assert bench._timeline_collective_ms(str(path), steps=2) == {"comm": 1.0, "collective": 1.1, "negotiate": 0.25}
