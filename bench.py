@@ -476,7 +476,8 @@ def _render_scaling(results):
              f"(20 rows per rank), compute = the measured 1-process step ({results['small']['ms_per_step'][0]:.1f} "
              "ms), 20 us per message, no overlap of communication with compute:", "",
              "| ranks | network | predicted step ms | efficiency | words/s |", "|---|---|---|---|---|"]
-    lines += [f"| {n} | {bw} Gb/s | {step:.1f} | {eff:.0%} | {wps:.0f} |" for n, bw, step, eff, wps in scaling_rows(results)]
+    lines += [f"| {n} | {bw} Gb/s | {step:.1f} | {eff:.0%} | {wps:.0f} |"
+              for n, bw, step, eff, wps in scaling_rows(results)]
     comm = measured.get("collectives_ms", {})
     lines += ["", f"Measured here, 2 ranks on one host over TCP loopback (per_worker): "
               f"{measured['ms_per_step'][0]:.1f} ms/step, of which {comm.get('collective', 0):.1f} ms in "

@@ -141,11 +141,11 @@ def test_bench_analytic_model_and_timeline_parsing(tmp_path):
     assert steps[0] == 40.0 and steps == sorted(steps)
     assert bench.predict_step(40.0, config, 64, 100) < steps[-1]
     # Two fused tensors whose MPI spans overlap count once; negotiation apart.
-    events = [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 500, "pid": 1},
-              {"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 1}, {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": 1},
-              {"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 2}, {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": 2},
-              {"ph": "E", "ts": 3100, "pid": 1}, {"ph": "E", "ts": 3200, "pid": 1},
-              {"ph": "E", "ts": 3100, "pid": 2}, {"ph": "E", "ts": 3200, "pid": 2}]
+    events = [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 500, "pid": 1}]
+    for pid in (1, 2):
+        events += [{"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": pid},
+                   {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": pid}]
+    events += [{"ph": "E", "ts": ts, "pid": pid} for pid in (1, 2) for ts in (3100, 3200)]
     path = tmp_path / "timeline.json"
     # Horovod leaves the JSON array open while it records.
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")

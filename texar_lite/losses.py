@@ -23,11 +23,11 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False):
 def _summed_cross_entropy(labels, logits, divisor):
     """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits.
 
-    With a 10k vocabulary this is a third of the step. TF's fused
-    SparseSoftmaxCrossEntropyWithLogits kernel runs Eigen's exp over the
-    [N, V] block and measured 3x slower on CPU than the oneDNN softmax used
-    here; the softmax is then reused for the gradient, softmax - onehot,
-    written in place at the N label positions.
+    With a 10k vocabulary TF's fused SparseSoftmaxCrossEntropyWithLogits
+    kernel was a third of the step: it runs Eigen's exp over the [N, V]
+    block and measured 3x slower on CPU than the oneDNN softmax used here.
+    The softmax is reused for the gradient, softmax - onehot, written in
+    place at the N label positions.
     """
     rows = tf.range(tf.shape(labels)[0], dtype=labels.dtype)
     positions = tf.stack([rows, labels], axis=1)
