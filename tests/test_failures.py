@@ -22,9 +22,6 @@ STEPS = 8
 FAULT_EPOCH, FAULT_STEP = 1, 3
 # The issue's bound for a job that lost a rank.
 EXIT_BOUND_S = 60
-# Ranks that spin while they wait starve each other on a busy 2-core machine;
-# yielding cuts the tests' mpirun runs by about 40%.
-YIELD = ("-mca", "mpi_yield_when_idle", "1")
 
 
 def tiny(data_path, output_dir, *extra, epochs=2):
@@ -167,7 +164,7 @@ def test_bad_input_one_process(case, bad, synthetic_corpus, tmp_path):
 def test_bad_input_two_ranks(case, bad, synthetic_corpus, tmp_path):
     """Every rank stops with the same status; the message appears once, from rank 0."""
     args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
-    proc, seconds = timed(mpirun, 2, args, timeout=180, extra_mpi=YIELD)
+    proc, seconds = timed(mpirun, 2, args, timeout=180)
     record(f"{case} (mpirun -np 2)", ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args],
            proc, seconds)
     assert_one_clean_error(proc, code, *phrases)
@@ -250,7 +247,7 @@ def test_a_rank_dying_mid_epoch_ends_the_job(mode, tmp_path, synthetic_corpus):
     out = tmp_path / "out"
     fault = f"rank=1,epoch={FAULT_EPOCH},step={FAULT_STEP},mode={mode}"
     args = tiny(synthetic_corpus[0], out, "--fault", fault)
-    proc = mpirun(2, args, timeout=240, extra_mpi=YIELD)
+    proc = mpirun(2, args, timeout=240)
     seconds = fault_to_exit_seconds(proc, time.time())
     note = {"kill": "mpirun: process rank 1 ... exited on signal 9 (Killed)",
             "exception": "rank 1's traceback, then: error (rank 1): FaultInjectedError: injected fault at "
@@ -290,33 +287,28 @@ def test_a_rank_dying_under_horovodrun_gloo_ends_the_job(tmp_path, synthetic_cor
 
 # --- signals -----------------------------------------------------------------
 
-def signal_when(cmd, pattern, signum, timeout, env=None):
+def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
     """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit)."""
-    log = subprocess.run(["mktemp"], capture_output=True, text=True).stdout.strip()
-    with open(log, "w+") as out, open(log + ".err", "w+") as err:
+    out_path, err_path = logdir / "stdout", logdir / "stderr"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV, **(env or {})), stdout=out,
                                 stderr=err, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        try:
-            while not re.search(pattern, open(log).read()):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"never saw {pattern!r}: {open(log + '.err').read()[-3000:]}")
-                time.sleep(0.2)
-            sent = time.monotonic()
-            proc.send_signal(signum)
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"still running after {timeout}s (a hang): {' '.join(cmd)}")
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        seconds = time.monotonic() - sent
-        out.seek(0)
-        err.seek(0)
-        result = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
-    for path in (log, log + ".err"):
-        os.unlink(path)
-    return result, seconds
+    deadline = time.monotonic() + timeout
+    try:
+        while not re.search(pattern, out_path.read_text()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"never saw {pattern!r}: {err_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout}s (a hang): {' '.join(cmd)}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    seconds = time.monotonic() - sent
+    return subprocess.CompletedProcess(cmd, proc.returncode, out_path.read_text(), err_path.read_text()), seconds
 
 
 def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum, env=None, rank_prefix=""):
@@ -329,7 +321,7 @@ def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum,
     out = tmp_path / "out"
     args = tiny(corpus, out, "--max_steps_per_epoch", "100000", epochs=3)
     cmd = [*launcher, PYTHON, os.path.join(ROOT, script), *args]
-    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240, env)
+    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240, tmp_path, env)
     record(case, [*shown_launcher, "python", script, *args], proc, seconds)
     assert proc.returncode != 0
     assert seconds < EXIT_BOUND_S
@@ -357,7 +349,7 @@ def test_sigterm_to_mpirun_reaches_the_ranks_late_and_they_save(tmp_path, synthe
     """mpirun sends SIGCONT, then SIGTERM odls_base_sigkill_timeout seconds
     later (default 1), then SIGKILL as long after that: with 5 the ranks agree
     on the stop, rank 0 saves, and both leave before the SIGKILL."""
-    mca = ["-mca", "odls_base_sigkill_timeout", "5", *YIELD, "-np", "2"]
+    mca = ["-mca", "odls_base_sigkill_timeout", "5", "-np", "2"]
     proc, seconds, ranks = signal_run(
         "SIGTERM to mpirun mid-epoch (-mca odls_base_sigkill_timeout 5)", [*MPIRUN, *mca], ["mpirun", *mca],
         "lm_ptb_distributed.py", tmp_path, synthetic_corpus[0], signal.SIGTERM)
@@ -367,8 +359,8 @@ def test_sigterm_to_mpirun_reaches_the_ranks_late_and_they_save(tmp_path, synthe
 
 @pytest.mark.timeout(300)
 def test_sigusr1_to_mpirun_reaches_the_ranks_at_once_and_they_save(tmp_path, synthetic_corpus):
-    proc, seconds, ranks = signal_run("SIGUSR1 to mpirun mid-epoch", [*MPIRUN, *YIELD, "-np", "2"],
-                                      ["mpirun", *YIELD, "-np", "2"],
+    proc, seconds, ranks = signal_run("SIGUSR1 to mpirun mid-epoch", [*MPIRUN, "-np", "2"],
+                                      ["mpirun", "-np", "2"],
                                       "lm_ptb_distributed.py", tmp_path, synthetic_corpus[0], signal.SIGUSR1)
     assert "Forwarding signal 10 to job" in proc.stderr
     assert ranks == 2

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
-from test_failures import YIELD, fault_to_exit_seconds, record
+from test_failures import fault_to_exit_seconds, record
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -117,7 +117,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, synthetic_corpus, str
     """SIGTERM to rank 1 alone: both ranks stop at the same step, rank 0 saves, 1 process finishes."""
     out = tmp_path / "out"
     run_args = args(synthetic_corpus[0], out, 2, "--fault", "rank=1,epoch=1,step=4,mode=term")
-    proc = mpirun(2, run_args, timeout=300, extra_mpi=YIELD)
+    proc = mpirun(2, run_args, timeout=300)
     record("SIGTERM to rank 1 alone mid-epoch (mpirun -np 2)",
            ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *run_args], proc,
            fault_to_exit_seconds(proc, time.time()))
@@ -132,7 +132,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, synthetic_corpus, str
 def test_one_rank_checkpoint_resumes_on_two_ranks(tmp_path, synthetic_corpus, straight, interrupted_mid_epoch):
     out = tmp_path / "out"
     shutil.copytree(interrupted_mid_epoch, out)
-    ok(mpirun(2, args(synthetic_corpus[0], out, 2, "--resume"), timeout=300, extra_mpi=YIELD))
+    ok(mpirun(2, args(synthetic_corpus[0], out, 2, "--resume"), timeout=300))
     assert results(out)["world_size"] == 2
     record_exactness("1-process checkpoint (SIGTERM mid-epoch 2) resumed on 2 ranks",
                      assert_same_training(out, straight))
