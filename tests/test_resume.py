@@ -167,6 +167,16 @@ def test_resume_with_another_global_batch_is_refused(tmp_path, synthetic_corpus,
     assert "was trained with global batch 20, this run has 40" in proc.stderr
 
 
+@pytest.mark.timeout(120)
+def test_resume_with_another_seed_is_refused(tmp_path, synthetic_corpus, interrupted_mid_epoch):
+    out = tmp_path / "out"
+    shutil.copytree(interrupted_mid_epoch, out)
+    proc = lm_ptb(args(synthetic_corpus[0], out, 2, "--resume", "--seed", "7"), timeout=90)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "was trained with --seed 1234, this run has --seed 7; pass --seed 1234" in proc.stderr
+
+
 def test_best_checkpoint_is_kept_apart_and_keep_limits_the_rest(tmp_path, synthetic_corpus):
     out = tmp_path / "out"
     ok(lm_ptb(["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(out),

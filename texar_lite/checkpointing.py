@@ -28,9 +28,10 @@ def _reason(err):
 
 
 class TrainCheckpoint:
-    def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3):
+    def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3, seed=None):
         self.ctx = ctx
         self.plan = plan
+        self.run_seed = seed
         self.optimizer = optimizer
         self.directory = os.path.join(output_dir, "checkpoints")
         self.best_directory = os.path.join(output_dir, "best")
@@ -38,15 +39,20 @@ class TrainCheckpoint:
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.global_batch = tf.Variable(plan.global_batch, dtype=tf.int64, trainable=False)
+        # The dropout masks follow from it: another seed would not continue the run.
+        self.seed = tf.Variable(-1 if seed is None else seed, dtype=tf.int64, trainable=False)
         self.lstm_state = tf.Variable(tf.zeros([layers, 2, plan.global_batch, units]), trainable=False)
         self.costs = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.best_valid = tf.Variable(np.inf, dtype=tf.float64, trainable=False)
         self.metrics = tf.Variable("[]", dtype=tf.string, trainable=False)
-        self.checkpoint = tf.train.Checkpoint(
+        without_seed = dict(
             model=model, optimizer=optimizer, epoch=self.epoch, step=self.step,
             global_batch=self.global_batch, lstm_state=self.lstm_state, costs=self.costs,
             elapsed=self.elapsed, best_valid=self.best_valid, metrics=self.metrics)
+        self.checkpoint = tf.train.Checkpoint(seed=self.seed, **without_seed)
+        # Checkpoints written before the seed was stored still resume.
+        self.seedless_checkpoint = tf.train.Checkpoint(**without_seed)
         self.manager = self.best_manager = None
         if ctx.is_chief:
             self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep)
@@ -117,9 +123,16 @@ class TrainCheckpoint:
             raise CheckpointError(f"--resume: no checkpoint in {where}; train without --resume first, "
                                   "or pass --resume PATH to a checkpoint")
         try:
-            saved_batch = int(tf.train.load_checkpoint(path).get_tensor("global_batch/.ATTRIBUTES/VARIABLE_VALUE"))
+            reader = tf.train.load_checkpoint(path)
+            saved_batch = int(reader.get_tensor("global_batch/.ATTRIBUTES/VARIABLE_VALUE"))
         except (tf.errors.OpError, ValueError) as err:
             raise CheckpointError(f"--resume: cannot read checkpoint {path}: {_reason(err)}") from None
+        has_seed = reader.has_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE")
+        if self.run_seed is not None and has_seed:
+            saved_seed = int(reader.get_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE"))
+            if saved_seed != self.run_seed:
+                raise CheckpointError(f"--resume: {path} was trained with --seed {saved_seed}, this run has "
+                                      f"--seed {self.run_seed}; pass --seed {saved_seed} to continue it exactly")
         # Checked before restoring: the LSTM state's shape follows the global
         # batch, and its shape mismatch would hide the reason.
         if saved_batch != self.plan.global_batch:
@@ -129,7 +142,7 @@ class TrainCheckpoint:
         try:
             # Every variable of this run must come from the checkpoint: one trained
             # with another config fails here instead of resuming half-initialised.
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            (self.checkpoint if has_seed else self.seedless_checkpoint).restore(path).assert_existing_objects_matched()
         except (tf.errors.OpError, ValueError, AssertionError) as err:
             raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
                                   "the --config and --set it was trained with") from None

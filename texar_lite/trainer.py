@@ -224,7 +224,7 @@ def train_and_evaluate(config, data, ctx, options=None):
     init_digest = weights_digest(model.trainable_variables)
 
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, plan, config,
-                                 keep=opts.keep_checkpoints)
+                                 keep=opts.keep_checkpoints, seed=opts.seed)
     progress = checkpoint.restore(opts.resume) if opts.resume else checkpoint.fresh_progress()
     ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
     digests = ctx.allgather_object(
