@@ -107,6 +107,13 @@ def _fail(message, code):
     sys.exit(code)
 
 
+def _error_line(text):
+    # One write per line: stderr writes through, so print()'s separate newline
+    # would let another rank's line, forwarded by mpirun, land in between.
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def check_output_dir(path, config, vocab_size, keep):
     """Fails before training if checkpoints cannot be written to `path`."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -180,7 +187,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             rank, (code, message) = agreed
             if ctx.is_chief or rank == ctx.rank:
                 origin = f" (rank {rank})" if ctx.distributed and rank != 0 else ""
-                print(f"error{origin}: {message}", file=sys.stderr, flush=True)
+                _error_line(f"error{origin}: {message}")
             return code
         config, data, options = prepared
         logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx))
@@ -188,7 +195,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             results = trainer.train_and_evaluate(config, data, ctx, options)
         except trainer.TrainingInterrupted as err:
             # Every rank saw the same stop flag: they leave together.
-            print(f"{'error: ' if ctx.is_chief else ''}{err}", file=sys.stderr, flush=True)
+            _error_line(f"{'error: ' if ctx.is_chief else ''}{err}")
             return 128 + int(err.signum)
         except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError,
                 OSError) as err:
@@ -196,7 +203,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             # broadcast resume error), so the ranks still leave together; an
             # OSError (a full disk) is rank 0's, and the others follow it out.
             if ctx.is_chief or not isinstance(err, trainer.TrainingError):
-                print(f"error: {err}", file=sys.stderr, flush=True)
+                _error_line(f"error: {err}")
             return _exit_code(err)
         if ctx.is_chief:
             summary = {k: results[k] for k in ("config", "epochs", "train_ppl", "valid_ppl", "test_ppl",
@@ -210,11 +217,10 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
         # One failing rank shuts Horovod down under the others: they say so in
         # one line and leave the traceback to the rank that failed.
         if "Horovod has been shut down" in str(err):
-            print(f"error (rank {ctx.rank}): stopping because another rank failed; its error is above",
-                  file=sys.stderr, flush=True)
+            _error_line(f"error (rank {ctx.rank}): stopping because another rank failed; its error is above")
         else:
             traceback.print_exc()
-            print(f"error (rank {ctx.rank}): {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            _error_line(f"error (rank {ctx.rank}): {type(err).__name__}: {err}")
         return ERROR_EXIT
     except BaseException:
         in_step = False

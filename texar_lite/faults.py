@@ -44,9 +44,11 @@ class FaultInjector:
         if not fault or self.fired or (epoch, step) != (fault["epoch"], fault["step"]):
             return
         self.fired = True
-        # The failure tests time the job's exit from this line.
-        print(f"fault injection: rank {fault['rank']} {fault['mode']} at epoch {epoch} step {step} "
-              f"(unix time {time.time():.3f})", file=sys.stderr, flush=True)
+        # The failure tests time the job's exit from this line, written whole
+        # so that no other rank's output splits it.
+        sys.stderr.write(f"fault injection: rank {fault['rank']} {fault['mode']} at epoch {epoch} step {step} "
+                         f"(unix time {time.time():.3f})\n")
+        sys.stderr.flush()
         if fault["mode"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault["mode"] == "term":
