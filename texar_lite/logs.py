@@ -178,7 +178,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
     hosts = ctx.allgather_object(socket.gethostname(), name="summary_hosts")
     gpus = _visible_gpus()
     rows = [
-        ("running", f"distributed, {ctx.size} ranks" if ctx.distributed else "serial"),
+        ("running", f"distributed, {ctx.size} ranks" if ctx.size > 1 else "serial"),
         ("world size", ctx.size),
         ("my rank", ctx.rank),
         ("node list", ", ".join(sorted(set(hosts))) + f" ({len(set(hosts))} nodes)"),
