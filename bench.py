@@ -285,7 +285,11 @@ def run_worker(task, ranks=0, env=None, mca=None, timeout=900):
     proc = subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
+            result = json.loads(line[len(RESULT_TAG):])
+            summary = result.get("ms_per_step") or result.get("float32")
+            print(f"[bench] {task.get('config_name', task['kind'])} {task.get('overrides', '')} ranks={ranks or 1} "
+                  f"env={env or {}} mca={mca or {}}: {summary[0]:.1f}", file=sys.stderr, flush=True)
+            return result
     raise RuntimeError(f"benchmark worker failed ({proc.returncode}): {shlex.join(command)}\n"
                        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
