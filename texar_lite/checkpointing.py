@@ -76,16 +76,18 @@ class TrainCheckpoint:
         so no rank waits in a collective for one that has given up.
         """
         global_state = self._global_state(state) if state is not None else None
-        outcome = None
-        if self.ctx.is_chief:
+
+        def write():
             try:
-                outcome = {"path": self._write(epoch, step, global_state, costs, elapsed, metrics, valid_ppl)}
+                return {"path": self._write(epoch, step, global_state, costs, elapsed, metrics, valid_ppl)}
             except (OSError, tf.errors.OpError) as err:
                 previous = self.manager.latest_checkpoint or "none yet"
-                outcome = {"error": f"cannot write a checkpoint to {self.directory} "
-                                    f"({_reason(err)}); the last complete one ({previous}) "
-                                    "is intact: free some space and resume from it with --resume"}
-        outcome = self.ctx.broadcast_object(outcome, name="checkpoint_saved")
+                return {"error": f"cannot write a checkpoint to {self.directory} "
+                                 f"({_reason(err)}); the last complete one ({previous}) "
+                                 "is intact: free some space and resume from it with --resume"}
+
+        # The other ranks wait at the chief rendezvous, not in one long collective.
+        outcome = self.ctx.run_on_chief(write)
         if "error" in outcome:
             raise CheckpointError(outcome["error"])
         return outcome["path"]

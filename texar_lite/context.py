@@ -5,7 +5,7 @@ LocalContext is a world of one process. HorovodContext wraps an initialised
 in lm_ptb_distributed.py.
 """
 import os
-import time
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -60,8 +60,8 @@ class LocalContext:
         return (0, failure) if failure is not None else None
 
     def run_on_chief(self, compute):
-        """Runs compute(heartbeat) on rank 0 and hands its float result to every rank."""
-        return compute(lambda: None)
+        """Runs compute() on rank 0 alone and hands its (picklable) result to every rank."""
+        return compute()
 
     def versions(self):
         return {"horovod": None, "mpi": None}
@@ -109,33 +109,41 @@ class HorovodContext(LocalContext):
         return next(((rank, f) for rank, f in enumerate(failures) if f is not None), None)
 
     def run_on_chief(self, compute):
-        # Messages are [status, value]: 0 = still working, 1 = done, 2 = failed.
-        def send(status, value=0.0):
-            message = tf.constant([status, value], dtype=tf.float64)
-            return self.hvd.broadcast(message, root_rank=0, name="chief_rendezvous").numpy()
+        # While rank 0 works alone, a thread on it sends a tiny "still working"
+        # broadcast every heartbeat_seconds() and the other ranks wait in
+        # those, so no collective sits unanswered long enough to stall-warn,
+        # however long the work (tracing included) blocks the main thread.
+        # Status: 0 = working, 1 = done (the result follows), 2 = failed.
+        def send(status):
+            message = tf.constant(status, dtype=tf.float64)
+            return float(self.hvd.broadcast(message, root_rank=0, name="chief_rendezvous"))
 
-        if self.is_chief:
-            last = [time.monotonic()]
-            interval = heartbeat_seconds()
+        if not self.is_chief:
+            while True:
+                status = send(0.0)
+                if status == 1.0:
+                    return self.broadcast_object(None, name="chief_result")
+                if status == 2.0:
+                    raise RuntimeError("rank 0 failed while working alone; see its log")
+        done = threading.Event()
 
-            def heartbeat():
-                if time.monotonic() - last[0] >= interval:
-                    send(0.0)
-                    last[0] = time.monotonic()
+        def beat():
+            while not done.wait(heartbeat_seconds()):
+                send(0.0)
 
-            try:
-                value = compute(heartbeat)
-            except BaseException:
-                send(2.0)
-                raise
-            send(1.0, value)
-            return value
-        while True:
-            status, value = send(0.0)
-            if status == 1.0:
-                return float(value)
-            if status == 2.0:
-                raise RuntimeError("rank 0 failed while evaluating; see its log")
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            result = compute()
+        except BaseException:
+            done.set()
+            thread.join()
+            send(2.0)
+            raise
+        done.set()
+        thread.join()
+        send(1.0)
+        return self.broadcast_object(result, name="chief_result")
 
     def versions(self):
         mpi = None

@@ -164,7 +164,7 @@ def make_eval_step(model):
     return eval_step
 
 
-def _score(eval_step, model, data, batch_size, num_steps, rank, size, heartbeat=lambda: None):
+def _score(eval_step, model, data, batch_size, num_steps, rank, size):
     """Returns (summed NLL, token count) of this rank's rows of `data`."""
     state = model.zero_state(batch_size // size)
     total, tokens = 0.0, 0
@@ -172,7 +172,6 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size, heartbeat=
         nll, state = eval_step(x, y, state)
         total += float(nll)
         tokens += y.size
-        heartbeat()
     return total, tokens
 
 
@@ -184,8 +183,8 @@ def evaluate(model, eval_step, data, config, ctx, eval_mode):
         summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
         return math.exp(float(summed[0]) / float(summed[1]))
 
-    def on_chief(heartbeat):
-        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1, heartbeat)
+    def on_chief():
+        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1)
         return math.exp(nll / tokens)
 
     return ctx.run_on_chief(on_chief)
@@ -233,11 +232,6 @@ def train_and_evaluate(config, data, ctx, options=None):
 
     train_step = _make_train_step(model, optimizer, config, ctx, plan, opts.seed)
     eval_step = make_eval_step(model)
-    # Trace evaluation now, on every rank at once: traced inside rank 0's
-    # evaluation it would be seconds without a heartbeat for the waiting ranks.
-    eval_rows = config["batch_size"] // (ctx.size if opts.eval_mode == "distributed" else 1)
-    zeros = np.zeros([eval_rows, num_steps], np.int32)
-    eval_step(zeros, zeros, model.zero_state(eval_rows))
     faults = FaultInjector(opts.fault, ctx.rank)
     metrics = progress["metrics"]
     board = _TensorBoard(os.path.join(opts.output_dir, "tensorboard")) if ctx.is_chief else None
