@@ -124,6 +124,61 @@ def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
     return spread(rates), statistics.median(cpu_rates)
 
 
+def step_matmuls(config_name, repeats=5, inner=10, vocab_size=10000):
+    """Times the small step's matmuls alone, with its shapes, in its order: the bound on the step.
+
+    Forward per layer: the input projection of all T steps, then T recurrent
+    [B, H] x [H, 4H] products, one after the other; then the softmax layer.
+    Backward: the transposed products for the inputs, and the kernels'
+    gradients, as the trainer computes them (the softmax kernel's with the
+    bias row appended). Whatever the step does besides these takes it further
+    below the ceiling. Returns {"ms_per_step": (median, min, max),
+    "cpu_ms_per_step": median, "flops_per_step"}.
+    """
+    import tensorflow as tf
+
+    from texar_lite.config import load_config
+    config = load_config(config_name)
+    batch, steps, units = config["batch_size"], config["num_steps"], config["hidden_size"]
+    tokens, emb, layers = batch * steps, config["emb"]["dim"], config["cell"]["num_layers"]
+    rand = lambda *shape: tf.random.uniform(shape, -0.1, 0.1)  # noqa: E731
+    x = [rand(tokens, emb if layer == 0 else units) for layer in range(layers)]
+    w_x = [rand(emb if layer == 0 else units, 4 * units) for layer in range(layers)]
+    w_h, h, d_gates = rand(units, 4 * units), rand(batch, units), rand(tokens, 4 * units)
+    w_out, h_out, d_logits = rand(units, vocab_size), rand(tokens, units + 1), rand(tokens, vocab_size)
+
+    @tf.function
+    def run():
+        total = tf.zeros([])
+        for layer in range(layers):
+            total += tf.reduce_sum(tf.matmul(x[layer], w_x[layer])[0, :1])
+            state = h
+            for _ in range(steps):
+                state = tf.matmul(state, w_h)[:, :units]
+        total += tf.reduce_sum(tf.matmul(h_out[:, :units], w_out)[0, :1])
+        total += tf.reduce_sum(tf.matmul(d_logits, w_out, transpose_b=True)[0, :1])
+        total += tf.reduce_sum(tf.matmul(h_out, d_logits, transpose_a=True)[0, :1])
+        for layer in range(layers):
+            d_state = h
+            for _ in range(steps):
+                d_state = tf.matmul(tf.tile(d_state, [1, 4]), w_h, transpose_b=True)
+            total += tf.reduce_sum(tf.matmul(d_gates, w_x[layer], transpose_b=True)[0, :1])
+            total += tf.reduce_sum(tf.matmul(x[layer], d_gates, transpose_a=True)[0, :1])
+            total += tf.reduce_sum(tf.matmul(x[-1], d_gates, transpose_a=True)[0, :1])
+        return total + tf.reduce_sum(state) + tf.reduce_sum(d_state)
+
+    run().numpy()
+    times, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), _cpu_seconds()
+        for _ in range(inner):
+            run().numpy()
+        times.append((time.perf_counter() - start) * 1e3 / inner)
+        cpu.append((_cpu_seconds() - start_cpu) * 1e3 / inner)
+    return {"ms_per_step": spread(times), "cpu_ms_per_step": statistics.median(cpu),
+            "flops_per_step": analytic_flops(config, vocab_size)}
+
+
 def _batches(config, data_path, rank, size, global_batch):
     """Endless training windows of this rank: PTB when data_path has it, else random ids."""
     import numpy as np
@@ -256,6 +311,7 @@ def worker(argv):
         result = {}
         for dtype in task["dtypes"]:
             result[dtype], result[dtype + "_per_cpu_s"] = matmul_gflops(dtype=dtype, repeats=task["repeats"])
+        result["step_matmuls"] = step_matmuls("config_small", repeats=task["repeats"])
     else:
         result = measure_training(**task)
     if result.get("ranks", 1) == 1 or _is_chief():
@@ -393,6 +449,12 @@ def table_rows(results):
                      f"{100 * gflops / ceiling:.0f}%",
                      f"{comm['collective']:.1f} / {comm['comm']:.1f}" if comm and r["ranks"] > 1 else "-",
                      " / ".join(f"{mb:.0f}" for mb in r["peak_rss_mb"])))
+    bound = results["matmul"].get("step_matmuls")
+    if bound:
+        gflops = bound["flops_per_step"] / bound["ms_per_step"][0] / 1e6
+        rows.insert(1, ("small, its matmuls alone (the bound)", _fmt(bound["ms_per_step"]),
+                        f"{bound['cpu_ms_per_step']:.0f}", "-", f"{gflops:.0f}", f"{100 * gflops / ceiling:.0f}%",
+                        "-", "-"))
     return rows
 
 

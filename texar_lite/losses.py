@@ -6,17 +6,20 @@ import tensorflow as tf
 _SMALLEST_SAFE_PROBABILITY = 1e-30
 
 
-def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False):
-    """Cross entropy summed over time and averaged over the batch.
+def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True):
+    """Cross entropy summed over time and, by default, averaged over the batch.
 
     labels [B, T] int, logits [B, T, V] (or [T, B] and [T, B, V] when
     time_major). Texar's defaults: sum_over_timesteps=True,
-    average_across_batch=True.
+    average_across_batch=True. With average_across_batch=False the loss is
+    the plain sum, whose gradient (softmax - onehot) needs no scaling pass
+    over the [B*T, V] block: the trainer differentiates that and folds
+    1/batch into the optimizer step.
     """
     batch_axis = 1 if time_major else 0
-    batch_size = tf.cast(tf.shape(labels)[batch_axis], logits.dtype)
+    divisor = tf.cast(tf.shape(labels)[batch_axis], logits.dtype) if average_across_batch else tf.ones([], logits.dtype)
     return _summed_cross_entropy(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, logits.shape[-1]]),
-                                 batch_size)
+                                 divisor)
 
 
 @tf.custom_gradient
@@ -38,8 +41,11 @@ def _summed_cross_entropy(labels, logits, divisor):
                   lambda: tf.reduce_logsumexp(logits, axis=1) - tf.gather_nd(logits, positions))
 
     def grad(upstream):
-        # Scaling first hands the scatter a fresh buffer it may update in
-        # place; scattering into `probs` would copy the whole [N, V] block.
+        if tf.get_static_value(upstream) == 1 and tf.get_static_value(divisor) == 1:
+            # The gradient of the plain sum: the softmax is not needed after
+            # this, so the scatter may update its buffer in place.
+            return None, tf.tensor_scatter_nd_sub(probs, positions, tf.ones_like(label_probs)), None
+        # Scaling first hands the scatter a fresh buffer it may update in place.
         scale = upstream / divisor
         dlogits = tf.tensor_scatter_nd_sub(probs * scale, positions, tf.fill(tf.shape(label_probs), scale))
         return None, dlogits, None

@@ -87,11 +87,13 @@ def _merge_duplicate_rows(grad):
     return tf.IndexedSlices(values, unique, grad.dense_shape)
 
 
-def clip_gradients(grads, hparams):
-    """Applies opt.gradient_clip; returns (grads, global norm before clipping)."""
+def clip_gradients(grads, hparams, scale=None):
+    """Applies opt.gradient_clip to scale * grads; returns (grads, global norm before clipping)."""
     hp = _hparams(hparams)
     clip = hp.gradient_clip
     grads = [_merge_duplicate_rows(g) for g in grads]
+    if scale is not None:
+        grads = [_scaled(g, scale) for g in grads]
     norm = tf.linalg.global_norm(grads)
     if clip.type == "clip_by_global_norm":
         grads, _ = tf.clip_by_global_norm(grads, clip.kwargs.clip_norm, use_norm=norm)
@@ -106,24 +108,64 @@ def clip_gradients(grads, hparams):
     return grads, norm
 
 
-def apply_gradients(optimizer, grads, variables):
-    """optimizer.apply_gradients, with a one-pass update for plain SGD.
+def _scaled(grad, scale):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * scale, grad.indices, grad.dense_shape)
+    return grad * scale
+
+
+def _is_plain_sgd(optimizer):
+    return type(optimizer) is tf.keras.optimizers.SGD and optimizer.momentum == 0
+
+
+def apply_gradients(optimizer, grads, variables, scale=None):
+    """optimizer.apply_gradients of scale * grads, with a one-pass update for plain SGD.
 
     Keras' SGD keeps a momentum slot even at momentum 0 and spends four passes
     over every dense variable on it, and turns the embedding's sparse update
     into dense ones; in the small config that was a sixth of the step. The
-    update var - lr * grad is the same arithmetic, so results do not change.
+    update var - lr * scale * grad is the same arithmetic, so results do not
+    change.
     """
-    if not (type(optimizer) is tf.keras.optimizers.SGD and optimizer.momentum == 0):
+    if not _is_plain_sgd(optimizer):
+        if scale is not None:
+            grads = [_scaled(g, scale) for g in grads]
         optimizer.apply_gradients(zip(grads, variables))
         return
-    lr = tf.cast(optimizer.learning_rate, tf.float32)
+    alpha = tf.cast(optimizer.learning_rate, tf.float32)
+    if scale is not None:
+        alpha = alpha * scale
     for grad, var in zip(grads, variables):
         if isinstance(grad, tf.IndexedSlices):
-            var.scatter_sub(tf.IndexedSlices(grad.values * lr, grad.indices, grad.dense_shape))
+            var.scatter_sub(tf.IndexedSlices(grad.values * alpha, grad.indices, grad.dense_shape))
         else:
-            tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+            tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=alpha, delta=grad)
     optimizer.iterations.assign_add(1)
+
+
+def clip_and_apply(optimizer, grads, variables, hparams, scale):
+    """Updates variables with scale * grads, clipped per opt.gradient_clip; returns the global norm.
+
+    The trainer differentiates the summed loss and passes 1/batch as scale.
+    For plain SGD with global-norm clipping (the Zaremba configs) both
+    factors join the learning rate, so the update is the one pass over each
+    variable that SGD makes anyway, instead of one pass to scale and one to
+    clip before it.
+    """
+    hp = _hparams(hparams)
+    clip = hp.gradient_clip
+    if not (_is_plain_sgd(optimizer) and clip.type in ("clip_by_global_norm", "none")):
+        grads, norm = clip_gradients(grads, hp, scale)
+        apply_gradients(optimizer, grads, variables)
+        return norm
+    grads = [_merge_duplicate_rows(g) for g in grads]
+    norm = tf.linalg.global_norm(grads) * scale
+    factor = scale
+    if clip.type == "clip_by_global_norm":
+        # tf.clip_by_global_norm's factor; a NaN norm makes it NaN as there.
+        factor = scale * clip.kwargs.clip_norm / tf.maximum(norm, clip.kwargs.clip_norm)
+    apply_gradients(optimizer, grads, variables, factor)
+    return norm
 
 
 def worker_lr_scale(mode, size):

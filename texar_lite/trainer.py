@@ -141,11 +141,13 @@ def _make_train_step(model, optimizer, config, ctx, plan, seed):
         dropout = RowDropout(seed, epoch, step, ctx.rank * plan.rows_per_rank, plan.global_batch)
         with tf.GradientTape() as tape:
             logits, new_state = model(inputs, state, dropout)
-            loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True)
+            summed_loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True,
+                                                                average_across_batch=False)
         tape = ctx.wrap_tape(tape)
-        grads = tape.gradient(loss, variables)
-        grads, _ = optimization.clip_gradients(grads, opt_hparams)
-        optimization.apply_gradients(optimizer, grads, variables)
+        grads = tape.gradient(summed_loss, variables)
+        # Texar's loss averages over the batch; the 1/rows joins the update.
+        optimization.clip_and_apply(optimizer, grads, variables, opt_hparams, scale=1.0 / plan.rows_per_rank)
+        loss = summed_loss / plan.rows_per_rank
         # One small allreduce gives every rank the global loss and tells it
         # whether any rank wants to stop, so all ranks decide alike.
         shared = ctx.allreduce(tf.stack([loss, stop_flag]), op="mean", name="loss_and_stop")
