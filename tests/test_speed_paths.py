@@ -74,6 +74,26 @@ def test_loss_and_gradient_match_tensorflow_cross_entropy():
                                atol=1e-6)
 
 
+def test_summed_loss_gradient_written_in_place_matches_tensorflow_inside_a_function():
+    # average_across_batch=False takes the in-place gradient path; inside a
+    # tf.function only the control dependency orders it after the loss's gather.
+    rng = np.random.default_rng(4)
+    labels = tf.constant(rng.integers(0, 50, size=(4, 3)).astype(np.int32))
+    logits = tf.constant(rng.normal(scale=3.0, size=(4, 3, 50)).astype(np.float32))
+
+    @tf.function
+    def loss_and_grads(logits):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(logits)
+            fast = sequence_sparse_softmax_cross_entropy(labels, logits, average_across_batch=False)
+            reference = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        return fast, reference, tape.gradient(fast, logits), tape.gradient(reference, logits)
+
+    fast, reference, fast_grad, reference_grad = loss_and_grads(logits)
+    np.testing.assert_allclose(fast.numpy(), reference.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(fast_grad.numpy(), reference_grad.numpy(), atol=1e-6)
+
+
 def test_loss_stays_exact_when_a_label_probability_underflows():
     logits = tf.constant([[[0.0, 200.0, -200.0]]])
     labels = tf.constant([[2]])

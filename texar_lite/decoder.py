@@ -70,6 +70,11 @@ class LSTMDecoder(tf.Module):
         product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
         return tf.cast(product, tf.float32)
 
+    def _affine(self, x, kernel, bias):
+        if self.matmul_dtype == tf.float32:
+            return _affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
+        return self._matmul(x, kernel) + bias
+
     def _gate_bias(self, layer):
         # forget_bias joins the f quarter of the bias once per call instead of
         # once per time step.
@@ -90,7 +95,7 @@ class LSTMDecoder(tf.Module):
             # The input projection has no time dependency: one big matmul for
             # all T steps leaves only the [B, H] x [H, 4H] product in the loop.
             flat = tf.reshape(layer_input, [-1, layer_input.shape[-1]])
-            projected = tf.reshape(self._matmul(flat, self.input_kernels[layer]) + self._gate_bias(layer),
+            projected = tf.reshape(self._affine(flat, self.input_kernels[layer], self._gate_bias(layer)),
                                    [num_steps, -1, 4 * self.num_units])
             kernel = tf.cast(self.recurrent_kernels[layer], self.matmul_dtype)
             outputs, c, h = _lstm_sequence(projected, c, h, kernel)
@@ -99,34 +104,31 @@ class LSTMDecoder(tf.Module):
             if dropout is not None and rate > 0:
                 layer_input = dropout(layer_input, rate, salt=layer + 1)
         flat = tf.reshape(layer_input, [-1, self.num_units])
-        if self.matmul_dtype == tf.float32:
-            logits = _output_layer(flat, tf.convert_to_tensor(self.output_kernel),
-                                   tf.convert_to_tensor(self.output_bias))
-        else:
-            logits = self._matmul(flat, self.output_kernel) + self.output_bias
+        logits = self._affine(flat, self.output_kernel, self.output_bias)
         logits = tf.reshape(logits, [num_steps, -1, self.output_kernel.shape[1]])
         return logits, tf.stack(final_states)
 
 
 @tf.custom_gradient
-def _output_layer(h, kernel, bias):
-    """h [N, H] x kernel [H, V] + bias [V]: the logits.
+def _affine(x, kernel, bias):
+    """x [N, D] x kernel [D, K] + bias [K] (the softmax layer, and each LSTM layer's input projection).
 
-    The bias gradient is a column sum over the [N, V] logits gradient; as its
-    own reduction it was 5% of the small step. Here it comes out of the
-    kernel-gradient matmul instead, which reads that block anyway: [h, 1]^T x
-    d_logits is [H + 1, V], and its last row is the bias gradient. Splitting
-    rows off a row-major tensor shares its buffer, so nothing is copied.
+    The bias gradient is a column sum over the [N, K] output gradient; for
+    the softmax layer, as its own reduction, that was 5% of the small step.
+    Here it comes out of the kernel-gradient matmul instead, which reads that
+    block anyway: [x, 1]^T x d_out is [D + 1, K], and its last row is the
+    bias gradient. Splitting rows off a row-major tensor shares its buffer,
+    so nothing is copied. Forward, oneDNN fuses the bias into the matmul.
     """
-    logits = tf.nn.bias_add(tf.matmul(h, kernel), bias)
+    out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
-    def grad(d_logits):
-        d_h = tf.matmul(d_logits, kernel, transpose_b=True)
-        h_and_ones = tf.concat([h, tf.ones([tf.shape(h)[0], 1], h.dtype)], axis=1)
-        d_kernel, d_bias = tf.split(tf.matmul(h_and_ones, d_logits, transpose_a=True), [kernel.shape[0], 1])
-        return d_h, d_kernel, tf.reshape(d_bias, [-1])
+    def grad(d_out):
+        d_x = tf.matmul(d_out, kernel, transpose_b=True)
+        x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
+        d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
+        return d_x, d_kernel, tf.reshape(d_bias, [-1])
 
-    return logits, grad
+    return out, grad
 
 
 @tf.custom_gradient

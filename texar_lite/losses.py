@@ -42,9 +42,15 @@ def _summed_cross_entropy(labels, logits, divisor):
 
     def grad(upstream):
         if tf.get_static_value(upstream) == 1 and tf.get_static_value(divisor) == 1:
-            # The gradient of the plain sum: the softmax is not needed after
-            # this, so the scatter may update its buffer in place.
-            return None, tf.tensor_scatter_nd_sub(probs, positions, tf.ones_like(label_probs)), None
+            # The gradient of the plain sum. TensorScatterSub would copy the
+            # whole [N, V] block (1 ms); InplaceSub writes into the softmax's
+            # own buffer instead, which nothing reads after the gather above:
+            # the control dependency makes sure that gather has run.
+            with tf.control_dependencies([label_probs]):
+                flat = tf.reshape(probs, [-1, 1])
+                offsets = rows * tf.shape(probs, out_type=rows.dtype)[1] + labels
+                dlogits = tf.raw_ops.InplaceSub(x=flat, i=offsets, v=tf.ones_like(label_probs)[:, None])
+            return None, tf.reshape(dlogits, tf.shape(probs)), None
         # Scaling first hands the scatter a fresh buffer it may update in place.
         scale = upstream / divisor
         dlogits = tf.tensor_scatter_nd_sub(probs * scale, positions, tf.fill(tf.shape(label_probs), scale))
