@@ -168,6 +168,19 @@ def _open_mpi_version():
     return first
 
 
+# Horovod's tensor fusion copies gradients into one buffer to send fewer, larger
+# messages. This model has 7 dense gradients, and the copy and the wait for a
+# fusion cycle cost more than fusion saves: 2 ranks x 1 thread measured 39-41
+# ms/step without it against 41-43 with Horovod's 64 MiB default (BENCHMARKS.md).
+HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": "0"}
+
+
+def apply_horovod_defaults():
+    """Sets HOROVOD_DEFAULTS where the environment does not; must run before hvd.init()."""
+    for key, value in HOROVOD_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 def configure_cpu_threads(local_size):
     """Splits the host's cores between the ranks on it; returns (intra, inter).
 
