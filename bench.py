@@ -236,12 +236,12 @@ def _timeline_collective_ms(path, steps):
 
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
-                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline=""):
+                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", cell=""):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
-    time in collectives.
+    time in collectives. cell "tf_ops" swaps the fused LSTM cell kernel for TF ops.
     """
     from texar_lite import config as config_lib
     from texar_lite import context
@@ -254,11 +254,12 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     intra, inter = context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
-    from texar_lite import optimization, trainer
+    from texar_lite import decoder, optimization, trainer
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
     plan = trainer.BatchPlan.from_config(config, ctx.size)
-    model = LanguageModel(config, config["vocab_size"], seed=1234)
+    model = LanguageModel(config, config["vocab_size"], seed=1234,
+                          cell=decoder.TF_OPS_CELL if cell == "tf_ops" else None)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
@@ -291,7 +292,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
         hvd.stop_timeline()
         result["collectives_ms"] = _timeline_collective_ms(timeline, steps * repeats)
     tokens = plan.global_batch * config["num_steps"]
-    result.update(words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
+    result.update(cell=model.decoder.cell.name, words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
                   intra_threads=intra, inter_threads=inter, tokens_per_step=tokens,
                   flops_per_step=analytic_flops(config, config["vocab_size"]) * plan.global_batch
                   // config["batch_size"],

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import optimization
+from texar_lite import decoder, optimization
 from texar_lite.config import load_config
 from texar_lite.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
@@ -43,9 +43,20 @@ def _outputs_and_grads(fn, dec, inputs, state, weights):
     return [logits, final] + grads
 
 
+CELLS = {"fused": decoder.FUSED_CELL, "tf_ops": decoder.TF_OPS_CELL}
+
+
+def test_fused_cell_op_is_built():
+    # scripts/setup.sh compiles it; without it training silently runs the slower TF ops.
+    assert decoder.FUSED_CELL is not None, f"{decoder.FUSED_CELL_LIBRARY} is missing: run make setup"
+    assert decoder.default_cell() is decoder.FUSED_CELL
+
+
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("forget_bias", [0.0, 1.0])
-def test_decoder_matches_autodiff_reference(forget_bias):
-    dec = LSTMDecoder(input_size=6, vocab_size=13,
+def test_decoder_matches_autodiff_reference(forget_bias, cell):
+    # 5 units: rows shorter than a SIMD register take Eigen's scalar path in the fused op.
+    dec = LSTMDecoder(input_size=6, vocab_size=13, cell=CELLS[cell],
                       hparams={"kwargs": {"num_units": 5, "forget_bias": forget_bias}, "num_layers": 2})
     rng = np.random.default_rng(1)
     for var in dec.trainable_variables:
@@ -58,6 +69,31 @@ def test_decoder_matches_autodiff_reference(forget_bias):
     for got, want in zip(fast, reference):
         np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_fused_cell_equals_tf_ops_at_the_small_config_shapes():
+    rng = np.random.default_rng(3)
+    batch, units = 20, 200
+    gates_x, recurrent = (tf.constant(rng.normal(scale=2, size=(batch, 4 * units)), tf.float32) for _ in "xr")
+    c_prev, d_h, d_output, d_c = (tf.constant(rng.normal(size=(batch, units)), tf.float32) for _ in "cdoe")
+    fused, ops = decoder.FUSED_CELL, decoder.TF_OPS_CELL
+    c, h, saved = fused.forward(gates_x, recurrent, c_prev)
+    want_c, want_h, want_saved = ops.forward(gates_x, recurrent, c_prev)
+    # The op's FMA-built logistic and tanh round differently from TF's AVX build, by an ulp or two.
+    np.testing.assert_allclose(c.numpy(), want_c.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-6, atol=1e-6)
+    d_gates, d_c_prev = fused.backward(d_h, d_output, d_c, saved)
+    want_gates, want_c_prev = ops.backward(d_h, d_output, d_c, want_saved)
+    np.testing.assert_allclose(d_gates.numpy(), want_gates.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(d_c_prev.numpy(), want_c_prev.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_cell_rejects_mismatched_shapes_by_name():
+    library = decoder.FUSED_CELL.library
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"recurrent must be \[2, 12\], got \[2,8\]"):
+        library.lstm_cell_forward(tf.zeros([2, 12]), tf.zeros([2, 8]), tf.zeros([2, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"activations must be \[2, 12\]"):
+        library.lstm_cell_backward(*[tf.zeros([2, 3])] * 3, tf.zeros([2, 3]), *[tf.zeros([2, 3])] * 2)
 
 
 def test_loss_and_gradient_match_tensorflow_cross_entropy():

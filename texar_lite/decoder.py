@@ -1,4 +1,6 @@
 """A multi-layer LSTM decoder with an output layer, from Texar-style `cell` hparams."""
+import os
+
 import tensorflow as tf
 
 from texar_lite.initializers import uniform_initializer
@@ -28,8 +30,9 @@ class LSTMDecoder(tf.Module):
     """
 
     def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
-                 name="lstm_decoder"):
+                 cell=None, name="lstm_decoder"):
         super().__init__(name=name)
+        self.cell = cell or default_cell()
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
@@ -98,7 +101,7 @@ class LSTMDecoder(tf.Module):
             projected = tf.reshape(self._affine(flat, self.input_kernels[layer], self._gate_bias(layer)),
                                    [num_steps, -1, 4 * self.num_units])
             kernel = tf.cast(self.recurrent_kernels[layer], self.matmul_dtype)
-            outputs, c, h = _lstm_sequence(projected, c, h, kernel)
+            outputs, c, h = _lstm_sequence(projected, c, h, kernel, self.cell)
             final_states.append(tf.stack([c, h]))
             layer_input = outputs
             if dropout is not None and rate > 0:
@@ -131,48 +134,100 @@ def _affine(x, kernel, bias):
     return out, grad
 
 
-@tf.custom_gradient
-def _lstm_sequence(projected, c, h, kernel):
+class _TfOpsCell:
+    """One cell step as TF ops: about 12 ops forward and 15 backward."""
+
+    name = "TF ops"
+
+    @staticmethod
+    def forward(gates_x, recurrent, c_prev):
+        """-> (c, h, saved for backward)."""
+        i, j, f, o = tf.split(gates_x + recurrent, 4, axis=1)
+        i, j, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
+        c = f * c_prev + i * j
+        tanh_c = tf.tanh(c)
+        return c, o * tanh_c, (i, j, f, o, tanh_c, c_prev)
+
+    @staticmethod
+    def backward(d_h, d_output, d_c, saved):
+        """-> (d_gates [B, 4H], d_c_prev)."""
+        i, j, f, o, tanh_c, c_prev = saved
+        d_h = d_h + d_output
+        d_c = d_c + tf.raw_ops.TanhGrad(y=tanh_c, dy=d_h * o)
+        d_gates = tf.concat([tf.raw_ops.SigmoidGrad(y=i, dy=d_c * j),
+                             tf.raw_ops.TanhGrad(y=j, dy=d_c * i),
+                             tf.raw_ops.SigmoidGrad(y=f, dy=d_c * c_prev),
+                             tf.raw_ops.SigmoidGrad(y=o, dy=d_h * tanh_c)], axis=1)
+        return d_gates, d_c * f
+
+
+class _FusedCell:
+    """The same step as one op each way (texar_lite/kernels/lstm_cell.cc), equal up to rounding."""
+
+    name = "fused kernel"
+
+    def __init__(self, library):
+        self.library = library
+
+    def forward(self, gates_x, recurrent, c_prev):
+        c, h, activations, tanh_c = self.library.lstm_cell_forward(gates_x, recurrent, c_prev)
+        return c, h, (activations, tanh_c, c_prev)
+
+    def backward(self, d_h, d_output, d_c, saved):
+        return self.library.lstm_cell_backward(d_h, d_output, d_c, *saved)
+
+
+def _load_fused_cell():
+    try:
+        return _FusedCell(tf.load_op_library(FUSED_CELL_LIBRARY))
+    except (tf.errors.NotFoundError, OSError):
+        return None
+
+
+FUSED_CELL_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "lstm_cell.so")
+FUSED_CELL = _load_fused_cell()
+TF_OPS_CELL = _TfOpsCell()
+
+
+def default_cell():
+    """The fused kernel when scripts/setup.sh has built it, else the TF ops."""
+    return FUSED_CELL or TF_OPS_CELL
+
+
+def _lstm_sequence(projected, c, h, kernel, cell):
     """Runs one layer's cell over time: projected [T, B, 4H] holds x W_x + b.
 
     Returns the outputs [T, B, H] and the final c and h. The gradient is
     hand-written backpropagation through time: automatic differentiation
     computes the recurrent kernel's gradient as T small matmuls summed by
-    AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. A small
-    gain (about 1 ms of CPU per small-config step), and it keeps the bf16
-    casts in one place: kernel may be a bfloat16 copy (mixed precision); all
-    else is float32.
+    AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. It also
+    keeps the bf16 casts in one place: kernel may be a bfloat16 copy (mixed
+    precision); all else is float32. `cell` does the elementwise part of a step.
     """
-    steps = tf.unstack(projected)
-    saved, outputs = [], []
-    for gates_x in steps:
-        recurrent = tf.cast(tf.matmul(tf.cast(h, kernel.dtype), kernel), tf.float32)
-        i, j, f, o = tf.split(gates_x + recurrent, 4, axis=1)
-        i, j, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
-        new_c = f * c + i * j
-        tanh_c = tf.tanh(new_c)
-        saved.append((h, c, i, j, f, o, tanh_c))
-        c, h = new_c, o * tanh_c
-        outputs.append(h)
 
-    def grad(d_outputs, d_c, d_h):
-        d_steps = tf.unstack(d_outputs)
-        d_gates = [None] * len(steps)
-        for t in reversed(range(len(steps))):
-            h_prev, c_prev, i, j, f, o, tanh_c = saved[t]
-            d_h = d_h + d_steps[t]
-            d_c = d_c + tf.raw_ops.TanhGrad(y=tanh_c, dy=d_h * o)
-            d_gates[t] = tf.concat([tf.raw_ops.SigmoidGrad(y=i, dy=d_c * j),
-                                    tf.raw_ops.TanhGrad(y=j, dy=d_c * i),
-                                    tf.raw_ops.SigmoidGrad(y=f, dy=d_c * c_prev),
-                                    tf.raw_ops.SigmoidGrad(y=o, dy=d_h * tanh_c)], axis=1)
-            d_c = d_c * f
-            d_h = tf.cast(tf.matmul(tf.cast(d_gates[t], kernel.dtype), kernel, transpose_b=True), tf.float32)
-        d_projected = tf.stack(d_gates)
-        units = kernel.shape[0]
-        h_prevs = tf.cast(tf.reshape(tf.stack([step[0] for step in saved]), [-1, units]), kernel.dtype)
-        d_flat = tf.cast(tf.reshape(d_projected, [-1, 4 * units]), kernel.dtype)
-        d_kernel = tf.matmul(h_prevs, d_flat, transpose_a=True)
-        return d_projected, d_c, d_h, d_kernel
+    @tf.custom_gradient
+    def sequence(projected, c, h, kernel):
+        saved, h_prevs, outputs = [], [], []
+        for gates_x in tf.unstack(projected):
+            recurrent = tf.cast(tf.matmul(tf.cast(h, kernel.dtype), kernel), tf.float32)
+            h_prevs.append(h)
+            c, h, step_saved = cell.forward(gates_x, recurrent, c)
+            saved.append(step_saved)
+            outputs.append(h)
 
-    return (tf.stack(outputs), c, h), grad
+        def grad(d_outputs, d_c, d_h):
+            d_steps = tf.unstack(d_outputs)
+            d_gates = [None] * len(saved)
+            for t in reversed(range(len(saved))):
+                d_gates[t], d_c = cell.backward(d_h, d_steps[t], d_c, saved[t])
+                d_h = tf.cast(tf.matmul(tf.cast(d_gates[t], kernel.dtype), kernel, transpose_b=True), tf.float32)
+            d_projected = tf.stack(d_gates)
+            units = kernel.shape[0]
+            h_flat = tf.cast(tf.reshape(tf.stack(h_prevs), [-1, units]), kernel.dtype)
+            d_flat = tf.cast(tf.reshape(d_projected, [-1, 4 * units]), kernel.dtype)
+            d_kernel = tf.matmul(h_flat, d_flat, transpose_a=True)
+            return d_projected, d_c, d_h, d_kernel
+
+        return (tf.stack(outputs), c, h), grad
+
+    return sequence(projected, c, h, kernel)

@@ -187,6 +187,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
+        ("LSTM cell", _lstm_cell()),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -198,6 +199,13 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
     for line in lines:
         log.info(line)
     return dict(rows)
+
+
+def _lstm_cell():
+    from texar_lite import decoder
+    if decoder.FUSED_CELL:
+        return f"{decoder.FUSED_CELL.name} ({os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
+    return f"{decoder.TF_OPS_CELL.name} (the fused kernel is not built: run make setup)"
 
 
 def _visible_gpus():

@@ -7,13 +7,13 @@ from texar_lite.initializers import uniform_initializer
 
 
 class LanguageModel(tf.Module):
-    def __init__(self, config, vocab_size, seed, name="lm"):
+    def __init__(self, config, vocab_size, seed, cell=None, name="lm"):
         super().__init__(name=name)
         init = uniform_initializer(config["init_scale"], seed)
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
             self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init,
-                                       precision=config.get("precision", "float32"))
+                                       precision=config.get("precision", "float32"), cell=cell)
 
     @property
     def vocab_size(self):

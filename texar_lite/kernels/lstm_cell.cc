@@ -1,0 +1,160 @@
+// One LSTM cell step as a single op each way, for texar_lite/decoder.py.
+//
+// Built by scripts/setup.sh into lstm_cell.so next to this file.
+//
+// Why: in the small config a cell step is a [20, 800] block. Written as TF
+// ops it is about 12 ops forward and 15 backward, each a few microseconds of
+// scheduling for under a microsecond of arithmetic; over 20 steps x 2 layers
+// that was about a third of the training step. Here each direction is one op.
+// The matmuls stay in TF (oneDNN); only the elementwise work moves.
+//
+// Layout: every [B, 4H] row holds the gates i | j | f | o (TF's
+// BasicLSTMCell order), H values each. The nonlinearities are Eigen's
+// vectorised logistic and tanh, the functions tf.sigmoid and tf.tanh use;
+// setup builds this file with FMA where the CPU has it, so results differ
+// from the TF ops (built for plain AVX) by an ulp or two. Built with the same
+// flags as TF (-mavx -ffp-contract=off) it matches them bit for bit.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::errors::InvalidArgument;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+using Row = Eigen::Map<Eigen::ArrayXf>;
+using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
+
+// OK when `t` is a [batch, width] matrix.
+tensorflow::Status CheckMatrix(const Tensor& t, const char* name, int64_t batch, int64_t width) {
+  if (t.dims() == 2 && t.dim_size(0) == batch && t.dim_size(1) == width) return tsl::OkStatus();
+  return InvalidArgument(name, " must be [", batch, ", ", width, "], got ", t.shape().DebugString());
+}
+
+REGISTER_OP("LstmCellForward")
+    .Input("gates_x: float")      // [B, 4H]: x W_x + b for this step
+    .Input("recurrent: float")    // [B, 4H]: h_prev W_h
+    .Input("c_prev: float")       // [B, H]
+    .Output("c: float")           // [B, H]
+    .Output("h: float")           // [B, H]
+    .Output("activations: float") // [B, 4H]: sigmoid(i) | tanh(j) | sigmoid(f) | sigmoid(o)
+    .Output("tanh_c: float")      // [B, H]
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle gates, state;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &gates));
+      TF_RETURN_IF_ERROR(c->Merge(gates, c->input(1), &gates));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &state));
+      c->set_output(0, state);
+      c->set_output(1, state);
+      c->set_output(2, gates);
+      c->set_output(3, state);
+      return tsl::OkStatus();
+    });
+
+REGISTER_OP("LstmCellBackward")
+    .Input("d_h: float")          // [B, H]: from the next step (or the final h)
+    .Input("d_output: float")     // [B, H]: from this step's output
+    .Input("d_c: float")          // [B, H]: from the next step (or the final c)
+    .Input("activations: float")  // [B, 4H]
+    .Input("tanh_c: float")       // [B, H]
+    .Input("c_prev: float")       // [B, H]
+    .Output("d_gates: float")     // [B, 4H]: gradient of gates_x (and of recurrent)
+    .Output("d_c_prev: float")    // [B, H]
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle state;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &state));
+      c->set_output(0, c->input(3));
+      c->set_output(1, state);
+      return tsl::OkStatus();
+    });
+
+// The [B, H] input `state_index` fixes B and H; every input must be [B, H]
+// or, where `wide` says so, [B, 4H].
+tensorflow::Status CheckInputs(OpKernelContext* ctx, int state_index, std::initializer_list<bool> wide,
+                               int64_t* batch, int64_t* units) {
+  const Tensor& state = ctx->input(state_index);
+  if (state.dims() != 2) return InvalidArgument("input ", state_index, " must be a [B, H] matrix");
+  *batch = state.dim_size(0);
+  *units = state.dim_size(1);
+  int index = 0;
+  for (bool is_wide : wide) {
+    TF_RETURN_IF_ERROR(CheckMatrix(ctx->input(index), ctx->op_kernel().def().input(index).c_str(),
+                                   *batch, is_wide ? 4 * *units : *units));
+    ++index;
+  }
+  return tsl::OkStatus();
+}
+
+const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat<float>().data(); }
+
+class LstmCellForwardOp : public OpKernel {
+ public:
+  explicit LstmCellForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t batch, n;
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 2, {true, true, false}, &batch, &n));
+    Tensor *c_t, *h_t, *acts_t, *tanh_c_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n}), &c_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &h_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, 4 * n}), &acts_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({batch, n}), &tanh_c_t));
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* gx = In(ctx, 0) + b * 4 * n;
+      const float* rec = In(ctx, 1) + b * 4 * n;
+      float* a = acts_t->flat<float>().data() + b * 4 * n;
+      Row i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
+      // As in the TF ops: the sum is rounded first, then the function applied.
+      i = (ConstRow(gx, n) + ConstRow(rec, n)).logistic();
+      j = (ConstRow(gx + n, n) + ConstRow(rec + n, n)).tanh();
+      f = (ConstRow(gx + 2 * n, n) + ConstRow(rec + 2 * n, n)).logistic();
+      o = (ConstRow(gx + 3 * n, n) + ConstRow(rec + 3 * n, n)).logistic();
+      Row c(c_t->flat<float>().data() + b * n, n), tanh_c(tanh_c_t->flat<float>().data() + b * n, n);
+      c = f * ConstRow(In(ctx, 2) + b * n, n) + i * j;
+      tanh_c = c.tanh();
+      Row(h_t->flat<float>().data() + b * n, n) = o * tanh_c;
+    }
+  }
+};
+
+class LstmCellBackwardOp : public OpKernel {
+ public:
+  explicit LstmCellBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t batch, n;
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 0, {false, false, false, true, false, false}, &batch, &n));
+    Tensor *d_gates_t, *d_c_prev_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, 4 * n}), &d_gates_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &d_c_prev_t));
+    Eigen::ArrayXf dh(n), dc(n);
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* a = In(ctx, 3) + b * 4 * n;
+      ConstRow i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
+      ConstRow tanh_c(In(ctx, 4) + b * n, n), c_prev(In(ctx, 5) + b * n, n);
+      dh = ConstRow(In(ctx, 0) + b * n, n) + ConstRow(In(ctx, 1) + b * n, n);
+      // From the saved values: tanh' = 1 - tanh^2 and sigmoid' = s (1 - s),
+      // grouped as TF's TanhGrad and SigmoidGrad group them (same rounding).
+      dc = ConstRow(In(ctx, 2) + b * n, n) + dh * o * (1.0f - tanh_c * tanh_c);
+      float* g = d_gates_t->flat<float>().data() + b * 4 * n;
+      Row(g, n) = (dc * j) * (i * (1.0f - i));
+      Row(g + n, n) = dc * i * (1.0f - j * j);
+      Row(g + 2 * n, n) = (dc * c_prev) * (f * (1.0f - f));
+      Row(g + 3 * n, n) = (dh * tanh_c) * (o * (1.0f - o));
+      Row(d_c_prev_t->flat<float>().data() + b * n, n) = dc * f;
+    }
+  }
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("LstmCellForward").Device(DEVICE_CPU), LstmCellForwardOp);
+REGISTER_KERNEL_BUILDER(Name("LstmCellBackward").Device(DEVICE_CPU), LstmCellBackwardOp);
