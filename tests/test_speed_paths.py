@@ -9,6 +9,7 @@ from texar_lite import decoder, optimization
 from texar_lite.config import load_config
 from texar_lite.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
+from texar_lite.dropout import RowDropout
 from texar_lite.losses import sequence_sparse_softmax_cross_entropy
 from texar_lite.model import LanguageModel
 from texar_lite.trainer import BatchPlan, _make_train_step
@@ -69,6 +70,25 @@ def test_decoder_matches_autodiff_reference(forget_bias, cell):
     for got, want in zip(fast, reference):
         np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_steps", [1, 7])
+def test_time_chunks_give_the_outputs_and_dropout_of_one_pass(monkeypatch, num_steps):
+    dec = LSTMDecoder(input_size=6, vocab_size=13, hparams={"kwargs": {"num_units": 8}, "num_layers": 2,
+                                                            "dropout": {"output_keep_prob": 0.5}})
+    rng = np.random.default_rng(2)
+    inputs = tf.constant(rng.normal(size=(num_steps, 3, 6)).astype(np.float32))
+    state = tf.constant(rng.normal(size=(2, 2, 3, 8)).astype(np.float32))
+    weights = tf.constant(rng.normal(size=(num_steps, 3, 13)).astype(np.float32))
+    runs = {}
+    for chunks in (1, 2, 3):
+        monkeypatch.setattr(decoder, "TIME_CHUNKS", chunks)
+        dropout = RowDropout(5, 0, 1, row_offset=0, global_rows=3)
+        runs[chunks] = _outputs_and_grads(lambda x, s: dec(x, s, dropout), dec, inputs, state, weights)
+    for chunks in (2, 3):
+        for got, want in zip(runs[chunks], runs[1]):
+            np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_fused_cell_equals_tf_ops_at_the_small_config_shapes():

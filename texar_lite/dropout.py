@@ -18,10 +18,16 @@ class RowDropout:
         self.row_offset = row_offset
         self.global_rows = global_rows
 
-    def __call__(self, x, rate, salt):
-        shape = tf.shape(x)
+    def keep_mask(self, shape, rate, salt):
+        """1.0 where this rank's rows of a [T, B_local, ...] tensor of `shape` are kept, else 0.0."""
         global_shape = tf.concat([shape[:1], [self.global_rows], shape[2:]], axis=0)
         noise = tf.random.stateless_uniform(global_shape, seed=self.key + salt * 7919, dtype=tf.float32)
         noise = noise[:, self.row_offset:self.row_offset + shape[1]]
-        keep = tf.cast(noise >= rate, x.dtype)
-        return x * keep / tf.cast(1.0 - rate, x.dtype)
+        return tf.cast(noise >= rate, tf.float32)
+
+    @staticmethod
+    def apply(x, keep, rate):
+        return x * tf.cast(keep, x.dtype) / tf.cast(1.0 - rate, x.dtype)
+
+    def __call__(self, x, rate, salt):
+        return self.apply(x, self.keep_mask(tf.shape(x), rate, salt), rate)
