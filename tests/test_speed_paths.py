@@ -268,3 +268,25 @@ def test_bench_analytic_model_and_timeline_parsing(tmp_path):
     # Horovod leaves the JSON array open while it records.
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
     assert bench._timeline_collective_ms(str(path), steps=2) == {"comm": 1.0, "collective": 1.1, "negotiate": 0.25}
+
+
+def test_bench_goals_from_measurements():
+    import bench
+
+    def row(ms, words, ranks=1, cpu=(60,), flops=6.4e9, **extra):
+        return {"ms_per_step": (ms, ms, ms), "words_per_s": (words, words, words), "ranks": ranks,
+                "cpu_ms_per_step": list(cpu), "flops_per_step": flops, "peak_rss_mb": [500] * ranks, **extra}
+
+    results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0},
+               "small": row(32.0, 12500), "hvd_1x2": row(32.0, 12500), "hvd_2x1": row(40.0, 10000, 2, (40, 40)),
+               "unsynced_2x1": row(38.0, 10526, 2, (38, 38)),
+               "hvd_2x1_timeline": row(44.0, 9090, 2, collectives_ms={"collective": 11.0, "comm": 10.0}),
+               "torch": {"words_per_s": 8000.0}}
+    got = {text.split(" ")[0] + " " + text.split(" ")[1]: (value, met) for text, value, met in bench.goals(results)}
+    assert got["words/s >="] == ("1.56x", True)
+    assert got["small step"] == ("62%", False)           # 6.4 GFLOP / 32 ms = 200 GFLOP/s of 320
+    assert got["2x1 >="] == ("0.80x", False)
+    assert got["communication adds"] == ("5.0% (2.0 ms)", True)   # (40 - 38) / 40
+    assert got["time inside"] == ("25.0%", False)
+    labels = [r[0] for r in bench.table_rows(results)]
+    assert "small, the same 2 ranks x 1 thread with no communication (compute alone)" in labels
