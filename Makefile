@@ -1,11 +1,12 @@
 # make demo   2-rank Horovod training on the bundled synthetic corpus (installs what is missing)
 # make test   the whole test suite (installs what is missing)
 # make setup  only the install step; a second run skips finished steps in seconds
-# make bench  the speed benchmark (writes BENCHMARKS.md)
+# make bench  the speed benchmark (writes BENCHMARKS.md); builds .venv-torch for the PyTorch reference
 PY := .venv/bin/python
 MPIRUN := mpirun --allow-run-as-root --oversubscribe -bind-to none -map-by slot \
 	-x PATH -x LD_LIBRARY_PATH -mca pml ob1 -mca btl tcp,self
 SYNTH := data/synthetic
+TORCH_VENV := .venv-torch
 
 .PHONY: setup test demo bench synthetic clean
 
@@ -25,8 +26,17 @@ demo: setup synthetic
 		--data_path $(SYNTH) --output_dir output/demo --set num_epochs=2
 	@echo "demo results (output/demo/results.json):" && cat output/demo/results.json | head -12
 
-bench: setup
+# The PyTorch reference's own venv (torch would not fit the pinned TensorFlow venv). A CPU-only
+# wheel when pip can find one, PyPI's default build otherwise; without either the bench skips it.
+$(TORCH_VENV)/bin/python:
+	python3 -m venv $(TORCH_VENV).tmp && \
+	{ $(TORCH_VENV).tmp/bin/pip install -q 'torch==2.13.0+cpu' 'numpy<2' 2>/dev/null || \
+	  $(TORCH_VENV).tmp/bin/pip install -q torch 'numpy<2'; } && \
+	mv $(TORCH_VENV).tmp $(TORCH_VENV) || \
+	{ rm -rf $(TORCH_VENV).tmp; echo "[bench] PyTorch could not be installed: the bench runs without its reference"; }
+
+bench: setup $(TORCH_VENV)/bin/python
 	$(PY) bench.py
 
 clean:
-	rm -rf output .pytest_cache
+	rm -rf output .pytest_cache $(TORCH_VENV).tmp

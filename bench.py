@@ -37,8 +37,9 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none"
 # on it, which with ranks sharing cores is the core its peer needs (a lever row
 # measures it off).
 MCA = {"pml": "ob1", "btl": "tcp,self", "mpi_yield_when_idle": "1"}
-TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/torchref/bin/python")
-TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", "/work/shared/bench/torch_ref_lm.py")
+SHARED = os.path.join(os.path.dirname(ROOT), "shared")  # the team's data and reference, beside the clone
+TORCH_PYTHON = os.environ.get("TORCH_PYTHON", os.path.join(ROOT, ".venv-torch", "bin", "python"))
+TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", os.path.join(SHARED, "bench", "torch_ref_lm.py"))
 RESULT_TAG = "BENCH_RESULT "
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # The goals of issue 6.
@@ -637,7 +638,7 @@ def main(argv=None):
     if argv[:1] == ["--worker"]:
         return worker(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data_path", default=os.environ.get("PTB_DIR", "/tmp/ptb"),
+    parser.add_argument("--data_path", default=os.environ.get("PTB_DIR", os.path.join(SHARED, "data", "ptb")),
                         help="PTB folder; without ptb.train.txt the steps run on random ids")
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     parser.add_argument("--levers", action="store_true", help="also time Horovod cycle-time and fusion variants")

@@ -14,7 +14,8 @@ if str(ROOT) not in sys.path:
 import ptb_reader  # noqa: E402
 from ptb_reader import PTBDataError  # noqa: E402
 
-REAL_PTB = Path("/work/shared/data/ptb")
+# The team's copy of the real PTB lies in ../shared beside the clone (never in the repo).
+REAL_PTB = Path(os.environ.get("PTB_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb"))
 
 
 def batches(data, batch_size, num_steps, rank=0, size=1):
