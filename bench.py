@@ -401,6 +401,20 @@ def torch_reference(data_path, steps=300):
     return {"words_per_s": float(match.group(1)), "torch": torch_version, "steps": steps}
 
 
+def cpu_description():
+    """The CPU's model name and the vector extensions that decide matmul speed, from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return "unknown CPU"
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+    present = [flag for flag in wanted if flags and flag in flags.group(1).split()]
+    return f"{model.group(1).strip() if model else 'unknown CPU'} ({', '.join(present) or 'no AVX2'})"
+
+
 def busy_trainers():
     """Command lines of lm_ptb training processes that would share the CPU with the benchmark."""
     out = subprocess.run(["pgrep", "-af", "lm_ptb"], capture_output=True, text=True).stdout
@@ -413,7 +427,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
                  data_path=data_path)
     medium = dict(steps=3 if quick else 6, repeats=3, warmup=2 if quick else 3, data_path=data_path)
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-               "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0))}
+               "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0)),
+               "cpu": cpu_description()}
     results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"],
                                     "repeats": 3 if quick else 5})
     results["small"] = run_worker({"kind": "train", "config_name": "config_small", **small})
@@ -549,7 +564,8 @@ def render(results, command):
     """The generated part of BENCHMARKS.md, as Markdown."""
     mm = results["matmul"]
     mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
-    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores with `{command}`. "
+    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores of "
+             f"{results.get('cpu', 'an unrecorded CPU')} with `{command}`. "
              f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...`; the rows "
              "with collective times ran a second time with HOROVOD_TIMELINE=DYNAMIC, which slows the step, "
              "and report that run's ms/step.", ""]
