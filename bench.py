@@ -415,10 +415,19 @@ def cpu_description():
     return f"{model.group(1).strip() if model else 'unknown CPU'} ({', '.join(present) or 'no AVX2'})"
 
 
+def _stopped(pid):
+    """True for a process paused with SIGSTOP (state T), which takes no CPU."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
 def busy_trainers():
-    """Command lines of lm_ptb training processes that would share the CPU with the benchmark."""
+    """Command lines of running (not paused) lm_ptb training processes that would share the CPU."""
     out = subprocess.run(["pgrep", "-af", "lm_ptb"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    return [line for line in out.splitlines() if "pgrep" not in line and not _stopped(line.split()[0])]
 
 
 def run_all(data_path, quick=False, levers=False, torch_steps=300):
