@@ -323,7 +323,13 @@ def worker(argv):
         context.configure_cpu_threads(1)
         result = {}
         for dtype in task["dtypes"]:
-            result[dtype], result[dtype + "_per_cpu_s"] = matmul_gflops(dtype=dtype, repeats=task["repeats"])
+            # One size can hit a poor blocking on a given CPU (on one machine 2048^3 ran at 70% of
+            # 3072^3), so the fp32 ceiling is the fastest of a few.
+            sizes = task.get("sizes", [2048]) if dtype == "float32" else [2048]
+            by_size = {n: matmul_gflops(n=n, dtype=dtype, repeats=task["repeats"]) for n in sizes}
+            best = max(sizes, key=lambda n: by_size[n][0][0])
+            result[dtype], result[dtype + "_per_cpu_s"] = by_size[best]
+            result[dtype + "_by_size"] = {str(n): by_size[n][0] for n in sizes}
         result["step_matmuls"] = step_matmuls("config_small", repeats=task["repeats"])
     else:
         result = measure_training(**task)
@@ -438,7 +444,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0)),
                "cpu": cpu_description()}
-    results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"],
+    results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"], "sizes": [1024, 2048, 3072],
                                     "repeats": 3 if quick else 5})
     results["small"] = run_worker({"kind": "train", "config_name": "config_small", **small})
     results["small_bf16"] = run_worker({"kind": "train", "config_name": "config_small",
@@ -466,7 +472,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300):
         horovod(2, "hvd_2x1_dense", sparse_as_dense=True, timeline=True)
         horovod(2, "hvd_2x1_per_worker", overrides=["batch_mode=per_worker"], timeline=True)
         if levers:
-            horovod(2, "hvd_2x1_cycle0.2ms", env={"HOROVOD_CYCLE_TIME": "0.2"})
+            horovod(2, "hvd_2x1_cycle1ms", env={"HOROVOD_CYCLE_TIME": "1"})
             horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
             horovod(2, "hvd_2x1_fusion", env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})
             horovod(2, "hvd_2x1_fp16", fp16_allreduce=True)
@@ -486,10 +492,37 @@ def _fmt(triple, digits=1):
     return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
+def ceiling(results):
+    """The fp32 ceiling as (GFLOP/s, GFLOP per CPU-second, what it came from): the fastest fp32
+    matmul throughput measured in the run, the square sizes or the step's own matmuls alone. A
+    ceiling that some measured matmul beats would flatter every share of it."""
+    mm = results["matmul"]
+    sizes = mm.get("float32_by_size") or {"2048": mm["float32"]}
+    best = max(sizes, key=lambda n: sizes[n][0])
+    candidates = [(mm["float32"][0], mm["float32_per_cpu_s"], f"{best}^3")]
+    bound = mm.get("step_matmuls")
+    if bound:
+        candidates.append((bound["flops_per_step"] / bound["ms_per_step"][0] / 1e6,
+                           bound["flops_per_step"] / bound["cpu_ms_per_step"] / 1e6, "the step's matmuls alone"))
+    return max(candidates, key=lambda c: c[0])
+
+
+def ceiling_text(results):
+    """The ceiling and every candidate for it, e.g. '148 GFLOP/s (the step's matmuls alone; 1024^3: ...)'."""
+    top, _, source = ceiling(results)
+    mm = results["matmul"]
+    sizes = mm.get("float32_by_size") or {"2048": mm["float32"]}
+    parts = [f"{n}^3: {_fmt(sizes[n], 0)}" for n in sizes]
+    if mm.get("step_matmuls"):
+        bound = mm["step_matmuls"]
+        parts.append(f"the step's matmuls alone: {bound['flops_per_step'] / bound['ms_per_step'][0] / 1e6:.0f}")
+    return f"{top:.0f} GFLOP/s ({source}; the fastest of {', '.join(parts)})"
+
+
 def table_rows(results):
     """The table as (row name, ms/step, CPU ms/step per rank, words/s, GFLOP/s, % of fp32 ceiling, comm ms,
     peak RSS MB per rank)."""
-    ceiling = results["matmul"]["float32"][0]
+    top = ceiling(results)[0]
     rows = []
     names = [("small", "small, 1 process, 2 threads"),
              ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
@@ -501,6 +534,7 @@ def table_rows(results):
              ("hvd_2x1_dense", "small, 2x1, --sparse_as_dense"),
              ("hvd_2x1_per_worker", "small, 2x1, batch_mode=per_worker (2x batch)"),
              ("hvd_2x1_cycle0.2ms", "small, 2x1, HOROVOD_CYCLE_TIME=0.2"),
+             ("hvd_2x1_cycle1ms", "small, 2x1, HOROVOD_CYCLE_TIME=1 (ours is 0.2)"),
              ("hvd_2x1_cycle5ms", "small, 2x1, HOROVOD_CYCLE_TIME=5"),
              ("hvd_2x1_fusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=64 MiB (Horovod's default; ours is 0)"),
              ("hvd_2x1_fp16", "small, 2x1, --fp16_allreduce"),
@@ -515,32 +549,31 @@ def table_rows(results):
         comm = r.get("collectives_ms")
         rows.append((label, _fmt(r["ms_per_step"]), " / ".join(f"{ms:.0f}" for ms in r["cpu_ms_per_step"]),
                      _fmt(r["words_per_s"], 0), f"{gflops:.0f}",
-                     f"{100 * gflops / ceiling:.0f}%",
+                     f"{100 * gflops / top:.0f}%",
                      f"{comm['collective']:.1f} / {comm['comm']:.1f}" if comm and r["ranks"] > 1 else "-",
                      " / ".join(f"{mb:.0f}" for mb in r["peak_rss_mb"])))
     bound = results["matmul"].get("step_matmuls")
     if bound:
         gflops = bound["flops_per_step"] / bound["ms_per_step"][0] / 1e6
         rows.insert(1, ("small, its matmuls alone (the bound)", _fmt(bound["ms_per_step"]),
-                        f"{bound['cpu_ms_per_step']:.0f}", "-", f"{gflops:.0f}", f"{100 * gflops / ceiling:.0f}%",
+                        f"{bound['cpu_ms_per_step']:.0f}", "-", f"{gflops:.0f}", f"{100 * gflops / top:.0f}%",
                         "-", "-"))
     return rows
 
 
 def goals(results):
     """The issue's four goals as (text, measured value, met)."""
-    ceiling = results["matmul"]["float32"][0]
+    top, top_per_cpu_s, source = ceiling(results)
     small = results["small"]
     out = []
     if results.get("torch"):
         ratio = small["words_per_s"][0] / results["torch"]["words_per_s"]
         out.append((f"words/s >= {GOAL_TORCH_RATIO}x PyTorch", f"{ratio:.2f}x", ratio >= GOAL_TORCH_RATIO))
-    share = small["flops_per_step"] / small["ms_per_step"][0] / 1e6 / ceiling
-    out.append((f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling", f"{share:.0%}",
+    share = small["flops_per_step"] / small["ms_per_step"][0] / 1e6 / top
+    out.append((f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling ({source})", f"{share:.0%}",
                 share >= GOAL_CEILING_SHARE))
-    cpu_share = (small["flops_per_step"] / small["cpu_ms_per_step"][0] / 1e6
-                 / results["matmul"]["float32_per_cpu_s"])
-    out.append(("the same in CPU time: step GFLOP per CPU-second / 2048^3 matmul's", f"{cpu_share:.0%}",
+    cpu_share = small["flops_per_step"] / small["cpu_ms_per_step"][0] / 1e6 / top_per_cpu_s
+    out.append((f"the same in CPU time: step GFLOP per CPU-second against the ceiling's ({source})", f"{cpu_share:.0%}",
                 cpu_share >= GOAL_CEILING_SHARE))
     scaling = results["hvd_2x1"]["words_per_s"][0] / results["hvd_1x2"]["words_per_s"][0]
     out.append((f"2x1 >= {GOAL_SCALING}x of 1x2 words/s", f"{scaling:.2f}x", scaling >= GOAL_SCALING))
@@ -582,8 +615,8 @@ def render(results, command):
         lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
                   "so the numbers below are lower than an idle machine would give:", ""]
         lines += [f"    {line[:150]}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
-    lines += [f"fp32 matmul ceiling (2048^3, 2 threads): **{_fmt(mm['float32'], 0)} GFLOP/s**; "
-              f"bf16: {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
+    lines += [f"fp32 matmul ceiling, 2 threads: **{ceiling_text(results)}**; "
+              f"bf16 (2048^3): {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
               "| step | ms/step | CPU ms/step per rank | words/s | GFLOP/s | % fp32 ceiling "
               "| collective / transfer ms per step | peak RSS MB per rank |", "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
@@ -649,7 +682,7 @@ def print_table(results):
     rows = [header] + table_rows(results)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     mm = results["matmul"]
-    print(f"fp32 matmul ceiling {_fmt(mm['float32'], 0)} GFLOP/s, bf16 {_fmt(mm['bfloat16'], 0)} GFLOP/s")
+    print(f"fp32 matmul ceiling {ceiling_text(results)}; bf16 {_fmt(mm['bfloat16'], 0)} GFLOP/s")
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     if results.get("torch"):

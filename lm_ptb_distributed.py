@@ -16,7 +16,7 @@ def main(argv=None):
     args = cli.parse_args(argv, distributed=True)
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
-    context.apply_horovod_defaults()  # Horovod: 1. Tensor fusion off unless the environment sets it.
+    context.apply_horovod_defaults()  # Horovod: 1. No tensor fusion, a 0.2 ms cycle, unless the env sets them.
     hvd.init()
     cli.check_world_size(hvd.size())  # Horovod: 1. Never train N copies of a world of one.
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.

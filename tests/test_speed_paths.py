@@ -290,3 +290,26 @@ def test_bench_goals_from_measurements():
     assert got["time inside"] == ("25.0%", False)
     labels = [r[0] for r in bench.table_rows(results)]
     assert "small, the same 2 ranks x 1 thread with no communication (compute alone)" in labels
+    assert bench.ceiling(results) == (320.0, 160.0, "2048^3")
+
+
+def test_bench_ceiling_is_the_fastest_matmul_measured():
+    import bench
+
+    results = {"matmul": {"float32": (136.0, 130.0, 140.0), "float32_per_cpu_s": 70.0,
+                          "float32_by_size": {"1024": (104.0, 100.0, 110.0), "2048": (113.0, 108.0, 118.0),
+                                              "3072": (136.0, 130.0, 140.0)}}}
+    assert bench.ceiling(results) == (136.0, 70.0, "3072^3")
+    # The step's own matmuls beat every square size: they set the ceiling, in wall and in CPU time.
+    results["matmul"]["step_matmuls"] = {"flops_per_step": 6.4e9, "ms_per_step": (40.0, 39.0, 41.0),
+                                         "cpu_ms_per_step": 80.0}
+    assert bench.ceiling(results) == (160.0, 80.0, "the step's matmuls alone")
+    assert bench.ceiling_text(results).startswith("160 GFLOP/s (the step's matmuls alone; the fastest of "
+                                                  "1024^3: 104 (100-110), 2048^3: 113 (108-118)")
+    results["small"] = {"ms_per_step": (64.0, 63.0, 65.0), "cpu_ms_per_step": [120.0], "flops_per_step": 6.4e9,
+                        "words_per_s": (6250.0,) * 3}
+    shares = [b for text, b, _ in bench.goals({**results, "hvd_1x2": results["small"], "hvd_2x1": results["small"],
+                                                 "hvd_2x1_timeline": {**results["small"],
+                                                                      "collectives_ms": {"collective": 1.0}}})
+              if "ceiling" in text or "CPU time" in text]
+    assert shares == ["62%", "67%"]   # 100 GFLOP/s of 160; 53.3 GFLOP per CPU-second of 80
