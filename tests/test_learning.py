@@ -5,6 +5,7 @@ import ptb_reader
 from conftest import TINY_CONFIG
 from texar_lite.config import load_config
 from texar_lite.context import LocalContext
+from texar_lite.decoder import default_cell
 from texar_lite.trainer import RunOptions, train_and_evaluate
 
 
@@ -18,3 +19,6 @@ def test_tiny_model_gets_within_15_percent_of_the_true_perplexity(tmp_path, synt
     # Nothing beats the true chain by more than sampling noise on 20k tokens.
     assert results["test_ppl"] >= 0.97 * true_ppl
     assert results["epochs"] == 3
+    # Enough in results.json to tell runs apart: the seed and the LSTM cell that ran.
+    assert results["seed"] == RunOptions().seed == 1234
+    assert results["lstm_cell"] == default_cell().name

@@ -320,6 +320,8 @@ def train_and_evaluate(config, data, ctx, options=None):
         "wps": float(np.mean([m["wps"] for m in metrics])) if metrics else None,
         "world_size": ctx.size,
         "global_batch_size": plan.global_batch,
+        "seed": opts.seed,
+        "lstm_cell": model.decoder.cell.name,
         # Lets generate.py and score.py notice a data_path with other words.
         "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,
