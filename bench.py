@@ -316,7 +316,7 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
     embedding's rows allgathered) computed once, then allreduced as
     DistributedGradientTape does every step, plus the loss-and-stop
     allreduce. This is what the transport costs a step when nothing
-    competes with it, the floor under what communication adds to a step.
+    competes with it for the cores.
     """
     from texar_lite import config as config_lib
     from texar_lite import context
@@ -339,23 +339,33 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
         loss = sequence_sparse_softmax_cross_entropy(tf.transpose(y), logits, time_major=True)
     grads = tape.gradient(loss, model.trainable_variables)
 
-    @tf.function
-    def collectives(grads, loss):
-        reduced = [hvd.allreduce(grad, op=hvd.Average, name=f"grad_{i}") for i, grad in enumerate(grads)]
-        shared = ctx.allreduce(tf.stack([loss, 0.0]), op="mean", name="loss_and_stop")
-        parts = [r.values if isinstance(r, tf.IndexedSlices) else r for r in reduced]
-        return shared[0] + tf.add_n([tf.reshape(part, [-1])[0] for part in parts])
+    def make_call(communicate):
+        @tf.function
+        def call(grads, loss):
+            reduced, shared = grads, tf.stack([loss, 0.0])
+            if communicate:
+                reduced = [hvd.allreduce(grad, op=hvd.Average, name=f"grad_{i}") for i, grad in enumerate(grads)]
+                shared = ctx.allreduce(shared, op="mean", name="loss_and_stop")
+            parts = [r.values if isinstance(r, tf.IndexedSlices) else r for r in reduced]
+            return shared[0] + tf.add_n([tf.reshape(part, [-1])[0] for part in parts])
+        return call
 
+    # The same call without the collectives times what calling a function costs (Python and
+    # dispatch, 2-4 ms here); every step pays it anyway, so it is taken off.
+    calls = {"collectives": make_call(True), "empty": make_call(False)}
+    windows = {name: [] for name in calls}
     for _ in range(warmup):
-        float(collectives(grads, loss))
-    windows = []
+        for call in calls.values():
+            float(call(grads, loss))
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            float(collectives(grads, loss))
-        windows.append((time.perf_counter() - start) * 1e3 / steps)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                float(call(grads, loss))
+            windows[name].append((time.perf_counter() - start) * 1e3 / steps)
+    net = [full - empty for full, empty in zip(windows["collectives"], windows["empty"])]
     dense, rows = gradient_bytes(config, config["vocab_size"], ctx.size)
-    return {"ms_per_step": spread(windows), "windows_ms": windows, "ranks": ctx.size,
+    return {"ms_per_step": spread(net), "windows_ms": net, "call_ms": spread(windows["empty"]), "ranks": ctx.size,
             "dense_bytes": dense, "row_bytes": rows}
 
 
