@@ -224,6 +224,19 @@ def test_launcher_with_a_world_of_one_is_refused(tmp_path, synthetic_corpus):
     assert not os.path.exists(tmp_path / "results.json")
 
 
+def test_gloo_under_mpirun_is_refused_with_its_cause(tmp_path, synthetic_corpus):
+    # HOROVOD_CONTROLLER=gloo under mpirun: each rank forms a Gloo world of
+    # one, as measured with the benchmark, so each would train alone.
+    data, _ = synthetic_corpus
+    result = mpirun(2, _args(data, tmp_path), env={"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"})
+    assert result.returncode != 0
+    expected = ("error: the launcher started 2 processes but Horovod sees a world of 1: HOROVOD_CONTROLLER=gloo "
+                "needs horovodrun's rendezvous to find the other ranks; unset it under mpirun, or launch with "
+                "horovodrun --gloo")
+    assert result.stderr.count(expected) == 2, result.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "results.json")
+
+
 def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
     result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"])
