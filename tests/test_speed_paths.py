@@ -281,7 +281,8 @@ def test_bench_goals_from_measurements():
 
     row = _bench_row
     results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0},
-               "small": row(32.0, 12500), "hvd_1x2": row(32.0, 12500), "hvd_2x1": row(40.0, 10000, 2, (40, 40)),
+               "small": row(32.0, 12500), "hvd_1x2": row(32.0, 12500),
+               "hvd_2x1": row(40.0, 10000, 2, (40, 40), horovod_cpu_ms_per_step=[12.0, 9.5]),
                "unsynced_2x1": row(38.0, 10526, 2, (38, 38)),
                "collectives_2x1": {"ms_per_step": (4.0, 3.0, 5.0), "windows_ms": [4.0]},
                "hvd_2x1_timeline": row(44.0, 9090, 2, collectives_ms={"collective": 11.0, "comm": 10.0}),
@@ -293,7 +294,9 @@ def test_bench_goals_from_measurements():
     assert got["communication adds <= 5% to the 2x1 step"] == ("5.0%", True)   # (40 - 38) / 40
     assert got["the step's collectives alone"] == ("10.0%", False)              # 4 / 40
     assert got["time inside collectives <= 5% of the 2x1 step"] == ("25.0%", False)
-    labels = [r[0] for r in bench.table_rows(results)]
+    rows = {r[0]: r for r in bench.table_rows(results)}
+    assert rows["small, Horovod 2 ranks x 1 thread, TCP (as between hosts)"][2] == "40 / 40 (12 / 10)"
+    labels = list(rows)
     assert "small, the same 2 ranks x 1 thread with no communication (compute alone)" in labels
     assert ("the 2x1 step's collectives alone, no compute, TCP", "4.0 (3.0-5.0)") + ("-",) * 6 \
         in bench.table_rows(results)
@@ -315,6 +318,10 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
     got = {text.split(" (")[0]: (value, met) for text, value, met in bench.goals(results)}
     assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.96x (0.90x to 1.00x over 3 rounds)", True)
     assert got["small step >= 70% of fp32 ceiling"] == ("62% (31% to 62% over 3 rounds)", False)
+    rounds[1]["hvd_2x1"]["horovod_cpu_ms_per_step"] = [30.0, 31.0]
+    for index, cpu in ((0, [10.0, 12.0]), (2, [11.0, 50.0])):
+        rounds[index]["hvd_2x1"]["horovod_cpu_ms_per_step"] = cpu
+    assert bench.merge_rounds([r["hvd_2x1"] for r in rounds])["horovod_cpu_ms_per_step"] == [11.0, 31.0]
     merged = results["hvd_2x1"]
     assert merged["windows_ms"] == [44.4, 80.0, 41.7] and merged["ms_per_step"] == (44.4, 41.7, 80.0)
     assert merged["rounds_ms"] == [44.4, 80.0, 41.7] and merged["words_per_s"][0] == 400 / 44.4 * 1e3
