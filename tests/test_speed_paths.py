@@ -350,3 +350,19 @@ def test_bench_ceiling_is_the_fastest_matmul_measured():
                                                                       "collectives_ms": {"collective": 1.0}}})
               if "ceiling" in text or "CPU time" in text]
     assert shares == ["62%", "67%"]   # 100 GFLOP/s of 160; 53.3 GFLOP per CPU-second of 80
+
+
+def test_bench_workers_measure_under_mpirun():
+    # The measurements behind the 2x1 goals, each in its own mpirun with a few
+    # steps: the training step reports Horovod's thread CPU per rank, and the
+    # collectives-alone worker reduces the step's real gradients.
+    import bench
+
+    few = {"config_name": "config_small", "steps": 2, "repeats": 2, "warmup": 1, "data_path": ""}
+    train = bench.run_worker({"kind": "train", "distributed": True, **few}, ranks=2, timeout=300)
+    assert train["ranks"] == 2 and len(train["horovod_cpu_ms_per_step"]) == 2
+    assert all(0 <= hvd < total for hvd, total in zip(train["horovod_cpu_ms_per_step"], train["cpu_ms_per_step"]))
+    alone = bench.run_worker({"kind": "collectives", **few}, ranks=2, mca=bench.VADER, timeout=300)
+    dense, rows = bench.gradient_bytes(load_config("config_small"), ranks=2)
+    assert (alone["ranks"], alone["dense_bytes"], alone["row_bytes"]) == (2, dense, rows)
+    assert len(alone["windows_ms"]) == 2 and alone["call_ms"][0] > 0
