@@ -1,17 +1,22 @@
 """The speed benchmark behind `make bench`: prints a table and writes BENCHMARKS.md.
 
-    python bench.py                      # everything, about 5 minutes on 2 cores
-    python bench.py --quick              # fewer steps, for a smoke check
+    python bench.py                      # everything, about 15 minutes on 2 cores
+    python bench.py --quick              # one round, fewer steps, for a smoke check
     python bench.py --levers             # adds Horovod cycle-time / fusion variants
 
 It measures, each in a fresh process so that peak RSS and thread settings
 belong to one measurement: the fp32 (and bf16) matmul ceiling; ms/step and
 words/s of the small and medium training steps in one process; 1 rank x 2
-threads against 2 ranks x 1 thread under mpirun, with the time a step spends
-in Horovod collectives (from a Horovod timeline); analytic FLOPs per step and
-the share of the ceiling; and the PyTorch reference LM if its venv exists.
-Timings are medians over repeated windows of steps, after warm-up steps; the
-spread is the min..max of the windows.
+threads against 2 ranks x 1 thread under mpirun (over TCP and shared
+memory), the same 2 ranks with no communication, and the step's collectives
+with no compute; the CPU time of Horovod's own threads and the time a step
+spends in Horovod collectives (from a Horovod timeline); analytic FLOPs per
+step and the share of the ceiling; and the PyTorch reference LM if its venv
+exists. Timings are medians over repeated windows of steps, after warm-up
+steps; the spread is the min..max of the windows. The measurements whose
+ratios are goals alternate in rounds (`interleave`), and a goal is the median
+of its per-round ratios, since this kind of host drifts by more than the
+differences being measured.
 
 The functions return numbers, so a notebook can `import bench` and call them.
 """
