@@ -364,7 +364,7 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
         return call
 
     # The same call without the collectives times what calling a function costs (Python and
-    # dispatch, 2-4 ms here); every step pays it anyway, so it is taken off.
+    # dispatch, about 1 ms here); every step pays it anyway, so it is taken off.
     calls = {"collectives": make_call(True), "empty": make_call(False)}
     windows = {name: [] for name in calls}
     for _ in range(warmup):
