@@ -96,15 +96,16 @@ def import_horovod():
 def check_world_size(size):
     """Refuses to train N independent copies when Horovod did not see the launcher."""
     expected = launcher_size()
+    if expected <= 1 or size == expected:
+        return
     gloo = [var for var in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS") if os.environ.get(var) == "gloo"]
-    if expected > 1 and size != expected and gloo and not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
-        _fail(f"the launcher started {expected} processes but Horovod sees a world of {size}: {gloo[0]}=gloo "
-              "needs horovodrun's rendezvous to find the other ranks; unset it under mpirun, or launch with "
-              "horovodrun --gloo", ERROR_EXIT)
-    if expected > 1 and size != expected:
-        _fail(f"the launcher started {expected} processes but Horovod sees a world of {size}: "
-              "Horovod was built without this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) "
-              "or launch with horovodrun", ERROR_EXIT)
+    if gloo and not os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        cause = (f"{gloo[0]}=gloo needs horovodrun's rendezvous to find the other ranks; unset it under "
+                 "mpirun, or launch with horovodrun --gloo")
+    else:
+        cause = ("Horovod was built without this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) "
+                 "or launch with horovodrun")
+    _fail(f"the launcher started {expected} processes but Horovod sees a world of {size}: {cause}", ERROR_EXIT)
 
 
 def _fail(message, code):
