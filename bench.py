@@ -241,6 +241,18 @@ def _timeline_collective_ms(path, steps):
     return {kind: union_ms(intervals) / steps for kind, intervals in spans.items()}
 
 
+def _start_horovod(**context_args):
+    """hvd.init() with the suite's Horovod defaults; returns (hvd, a HorovodContext, the ids of
+    the threads hvd.init() started: Horovod's background thread and MPI's helpers)."""
+    import horovod.tensorflow as hvd
+
+    from texar_lite import context
+    context.apply_horovod_defaults()
+    before = _thread_ids()
+    hvd.init()
+    return hvd, context.HorovodContext(hvd, **context_args), sorted(_thread_ids() - before)
+
+
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", cell="",
                      unsynced_rank=None):
@@ -261,13 +273,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
         ctx.local_size, ctx.is_chief = ctx.size, ctx.rank == 0
     horovod_threads = []
     if distributed:
-        import horovod.tensorflow as hvd
-        context.apply_horovod_defaults()
-        before = _thread_ids()
-        hvd.init()
-        # Horovod's background thread (and MPI's helpers): the rank's compute threads come later.
-        horovod_threads = sorted(_thread_ids() - before)
-        ctx = context.HorovodContext(hvd, fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
+        hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
     intra, inter = context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
@@ -333,10 +339,7 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
     """
     from texar_lite import config as config_lib
     from texar_lite import context
-    import horovod.tensorflow as hvd
-    context.apply_horovod_defaults()
-    hvd.init()
-    ctx = context.HorovodContext(hvd)
+    hvd, ctx, _ = _start_horovod()
     context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
