@@ -64,23 +64,28 @@ else
     say "horovod $HOROVOD_VERSION present (TensorFlow, MPI, Gloo)"
 fi
 
-# 4. The fused LSTM cell op (texar_lite/kernels/lstm_cell.cc), compiled
-#    against this venv's TensorFlow. The stamp names the source and the pins,
-#    so editing either rebuilds it. Without it the model falls back to TF ops
-#    (same numbers, slower) and the training summary says so.
+# 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell and
+#    the one-pass softmax loss), compiled against this venv's TensorFlow. The
+#    stamp names the sources and the pins, so editing any of them rebuilds.
+#    Without an op the model runs TF ops in its place (same numbers, slower)
+#    and the training summary says so.
 kernels=texar_lite/kernels
-kernel_hash=$(cat "$kernels/lstm_cell.cc" requirements.txt | sha256sum | cut -c1-16)
-if [ ! -f "$kernels/.built-$kernel_hash" ] || [ ! -f "$kernels/lstm_cell.so" ]; then
-    # AVX2 and FMA run Eigen's logistic and tanh about 3x faster than plain AVX.
+kernel_hash=$(cat "$kernels"/*.cc requirements.txt | sha256sum | cut -c1-16)
+built=1
+for source in "$kernels"/*.cc; do [ -f "${source%.cc}.so" ] || built=0; done
+if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then
+    # AVX2 and FMA run Eigen's exp, logistic and tanh about 3x faster than plain AVX.
     arch=()
     grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && arch=(-mavx2 -mfma)
-    say "compiling the fused LSTM cell op ${arch[*]}"
     read -r -a tf_flags <<<"$("$VENV/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
-    g++ -std=c++17 -shared -fPIC -O3 "${arch[@]}" "$kernels/lstm_cell.cc" -o "$kernels/lstm_cell.so.tmp" "${tf_flags[@]}"
-    mv "$kernels/lstm_cell.so.tmp" "$kernels/lstm_cell.so"
+    for source in "$kernels"/*.cc; do
+        say "compiling $source ${arch[*]}"
+        g++ -std=c++17 -shared -fPIC -O3 "${arch[@]}" "$source" -o "${source%.cc}.so.tmp" "${tf_flags[@]}"
+        mv "${source%.cc}.so.tmp" "${source%.cc}.so"
+    done
     rm -f "$kernels"/.built-*
     touch "$kernels/.built-$kernel_hash"
 else
-    say "fused LSTM cell op built"
+    say "the fused ops are built ($kernels/*.so)"
 fi
 say "done"

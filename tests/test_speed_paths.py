@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import decoder, optimization
+from texar_lite import decoder, losses, optimization
 from texar_lite.config import load_config
 from texar_lite.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
-from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 from texar_lite.trainer import BatchPlan, _make_train_step
 
@@ -116,7 +116,23 @@ def test_fused_cell_rejects_mismatched_shapes_by_name():
         library.lstm_cell_backward(*[tf.zeros([2, 3])] * 3, tf.zeros([2, 3]), *[tf.zeros([2, 3])] * 2)
 
 
-def test_loss_and_gradient_match_tensorflow_cross_entropy():
+LOSSES = {"fused": losses.FUSED_LOSS, "tf_ops": None}
+
+
+@pytest.fixture(params=LOSSES)
+def loss_kind(request, monkeypatch):
+    """Runs a test with the fused loss op and again with the TF-op loss."""
+    monkeypatch.setattr(losses, "FUSED_LOSS", LOSSES[request.param])
+    return request.param
+
+
+def test_fused_loss_op_is_built():
+    # scripts/setup.sh compiles it; without it training silently runs the slower TF ops.
+    assert losses.FUSED_LOSS is not None, f"{losses.FUSED_LOSS_LIBRARY} is missing: run make setup"
+    assert losses.loss_name() == "fused kernel"
+
+
+def test_loss_and_gradient_match_tensorflow_cross_entropy(loss_kind):
     rng = np.random.default_rng(2)
     labels = tf.constant(rng.integers(0, 50, size=(4, 3)).astype(np.int32))
     logits = tf.constant(rng.normal(scale=3.0, size=(4, 3, 50)).astype(np.float32))
@@ -130,15 +146,17 @@ def test_loss_and_gradient_match_tensorflow_cross_entropy():
                                atol=1e-6)
 
 
-def test_summed_loss_gradient_written_in_place_matches_tensorflow_inside_a_function():
-    # average_across_batch=False takes the in-place gradient path; inside a
-    # tf.function only the control dependency orders it after the loss's gather.
+def test_summed_loss_gradient_written_in_place_matches_tensorflow_inside_a_function(loss_kind):
+    # average_across_batch=False takes the in-place gradient path: the fused
+    # op overwrites the logits, the TF ops the softmax (ordered after the
+    # loss's gather only by a control dependency inside a tf.function).
     rng = np.random.default_rng(4)
     labels = tf.constant(rng.integers(0, 50, size=(4, 3)).astype(np.int32))
     logits = tf.constant(rng.normal(scale=3.0, size=(4, 3, 50)).astype(np.float32))
 
     @tf.function
     def loss_and_grads(logits):
+        logits = logits * 1.0  # a fresh tensor the op may overwrite, as in training
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(logits)
             fast = sequence_sparse_softmax_cross_entropy(labels, logits, average_across_batch=False)
@@ -150,7 +168,49 @@ def test_summed_loss_gradient_written_in_place_matches_tensorflow_inside_a_funct
     np.testing.assert_allclose(fast_grad.numpy(), reference_grad.numpy(), atol=1e-6)
 
 
-def test_loss_stays_exact_when_a_label_probability_underflows():
+def test_fused_loss_overwrites_only_logits_nothing_else_reads():
+    # The op reuses the logits' buffer for the gradient only when TF hands
+    # it over (no other reader); logits still read later must survive.
+    rng = np.random.default_rng(5)
+    labels = tf.constant(rng.integers(0, 7, size=6).astype(np.int64))
+    base = tf.constant(rng.normal(size=(6, 7)).astype(np.float32))
+    expected_grad = tf.nn.softmax(base) - tf.one_hot(labels, 7)
+
+    @tf.function
+    def kept_and_grad(base):
+        logits = base * 2.0
+        nll, backprop = losses.FUSED_LOSS.softmax_cross_entropy_in_place(logits, labels)
+        with tf.control_dependencies([nll, backprop]):
+            return tf.identity(logits), backprop
+
+    kept, backprop = kept_and_grad(base / 2.0)
+    np.testing.assert_array_equal(kept.numpy(), base.numpy())
+    np.testing.assert_allclose(backprop.numpy(), expected_grad.numpy(), atol=1e-6)
+    # Eagerly the caller holds the logits, so they are never overwritten.
+    losses.FUSED_LOSS.softmax_cross_entropy_in_place(base, labels)
+    np.testing.assert_array_equal(base.numpy(), (base / 2.0 * 2.0).numpy())
+
+
+def test_fused_loss_rejects_labels_outside_the_vocabulary():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels\[1\] = 7 is outside \[0, 7\)"):
+        losses.FUSED_LOSS.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 7]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels must be \[2\], got \[3\]"):
+        losses.FUSED_LOSS.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 1, 2]))
+
+
+def test_evaluation_loss_matches_tensorflow_per_token(loss_kind):
+    rng = np.random.default_rng(6)
+    labels = tf.constant(rng.integers(0, 30, size=(5, 4)).astype(np.int32))
+    logits = tf.constant(rng.normal(scale=4.0, size=(5, 4, 30)).astype(np.float32))
+    got = tf.function(token_cross_entropy)(labels, logits)
+    assert got.shape == (5, 4)
+    np.testing.assert_allclose(got.numpy(), tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(token_cross_entropy(tf.constant([2]), tf.constant([[0.0, 200.0, -200.0]]))[0]),
+                               400.0, rtol=1e-6)
+
+
+def test_loss_stays_exact_when_a_label_probability_underflows(loss_kind):
     logits = tf.constant([[[0.0, 200.0, -200.0]]])
     labels = tf.constant([[2]])
     loss = sequence_sparse_softmax_cross_entropy(labels, logits)

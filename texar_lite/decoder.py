@@ -1,8 +1,7 @@
 """A multi-layer LSTM decoder with an output layer, from Texar-style `cell` hparams."""
-import os
-
 import tensorflow as tf
 
+from texar_lite import kernels
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import HParams
 from texar_lite.initializers import uniform_initializer
@@ -106,10 +105,13 @@ class LSTMDecoder(tf.Module):
         kernels = [tf.cast(kernel, self.matmul_dtype) for kernel in self.recurrent_kernels]
         biases = [self._gate_bias(layer) for layer in range(self.num_layers)]
         chunks = min(TIME_CHUNKS, num_steps)
+        bounds = [num_steps * chunk // chunks for chunk in range(chunks + 1)]
+        # split, not slices: a slice's gradient is a zero block of the whole
+        # input with its part filled in, one per chunk, summed; split's is one concat.
+        chunk_inputs = tf.split(inputs, [stop - start for start, stop in zip(bounds, bounds[1:])])
         top_outputs = []
-        for chunk in range(chunks):
-            start, stop = num_steps * chunk // chunks, num_steps * (chunk + 1) // chunks
-            layer_input = inputs[start:stop]
+        for chunk, layer_input in enumerate(chunk_inputs):
+            start, stop = bounds[chunk], bounds[chunk + 1]
             for layer in range(self.num_layers):
                 # The input projection has no time dependency: one matmul for
                 # the whole chunk leaves only the [B, H] x [H, 4H] product in the loop.
@@ -192,15 +194,9 @@ class _FusedCell:
         return self.library.lstm_cell_backward(d_h, d_output, d_c, *saved)
 
 
-def _load_fused_cell():
-    try:
-        return _FusedCell(tf.load_op_library(FUSED_CELL_LIBRARY))
-    except (tf.errors.NotFoundError, OSError):
-        return None
-
-
-FUSED_CELL_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "lstm_cell.so")
-FUSED_CELL = _load_fused_cell()
+FUSED_CELL_LIBRARY = kernels.library_path("lstm_cell")
+_CELL_LIBRARY = kernels.load("lstm_cell")
+FUSED_CELL = _FusedCell(_CELL_LIBRARY) if _CELL_LIBRARY else None
 TF_OPS_CELL = _TfOpsCell()
 
 

@@ -188,6 +188,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
         ("LSTM cell", _lstm_cell()),
+        ("softmax loss", _softmax_loss()),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -206,6 +207,13 @@ def _lstm_cell():
     if decoder.FUSED_CELL:
         return f"{decoder.FUSED_CELL.name} ({os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
     return f"{decoder.TF_OPS_CELL.name} (the fused kernel is not built: run make setup)"
+
+
+def _softmax_loss():
+    from texar_lite import losses
+    if losses.FUSED_LOSS:
+        return f"{losses.loss_name()} ({os.path.relpath(losses.FUSED_LOSS_LIBRARY)})"
+    return f"{losses.loss_name()} (the fused kernel is not built: run make setup)"
 
 
 def _visible_gpus():

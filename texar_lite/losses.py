@@ -1,6 +1,14 @@
 """Texar's default sequence loss."""
 import tensorflow as tf
 
+from texar_lite import kernels
+
+# texar_lite/kernels/softmax_xent.cc: the loss and its gradient in one op
+# that sweeps the [N, V] logits once and writes the gradient over them.
+# Without it (setup has not built it) the TF ops below compute the same.
+FUSED_LOSS_LIBRARY = kernels.library_path("softmax_xent")
+FUSED_LOSS = kernels.load("softmax_xent")
+
 # Below this probability -log(p) loses precision (fp32 subnormals start at
 # 1.2e-38), so such a batch takes the exact log-sum-exp route instead.
 _SMALLEST_SAFE_PROBABILITY = 1e-30
@@ -22,9 +30,42 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, aver
                                  divisor)
 
 
-@tf.custom_gradient
+def token_cross_entropy(labels, logits):
+    """-log softmax(logits)[labels] per token: labels [...], logits [..., V] (the evaluation loss)."""
+    if FUSED_LOSS is None:
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    nll, _ = FUSED_LOSS.softmax_cross_entropy_in_place(tf.reshape(logits, [-1, logits.shape[-1]]),
+                                                         tf.reshape(labels, [-1]))
+    return tf.reshape(nll, tf.shape(labels))
+
+
+def loss_name():
+    """Which softmax loss runs, for the training summary and results.json."""
+    return "fused kernel" if FUSED_LOSS else "TF ops"
+
+
 def _summed_cross_entropy(labels, logits, divisor):
-    """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits.
+    """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits."""
+    if FUSED_LOSS is None:
+        return _summed_cross_entropy_tf_ops(labels, logits, divisor)
+    return _summed_cross_entropy_fused(labels, logits, divisor)
+
+
+@tf.custom_gradient
+def _summed_cross_entropy_fused(labels, logits, divisor):
+    nll, backprop = FUSED_LOSS.softmax_cross_entropy_in_place(logits, labels)
+
+    def grad(upstream):
+        if tf.get_static_value(upstream) == 1 and tf.get_static_value(divisor) == 1:
+            return None, backprop, None  # the plain sum's gradient, with no pass over the block
+        return None, backprop * (upstream / divisor), None
+
+    return tf.reduce_sum(nll) / divisor, grad
+
+
+@tf.custom_gradient
+def _summed_cross_entropy_tf_ops(labels, logits, divisor):
+    """The same as TF ops.
 
     With a 10k vocabulary TF's fused SparseSoftmaxCrossEntropyWithLogits
     kernel was a third of the step: it runs Eigen's exp over the [N, V]

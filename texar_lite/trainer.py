@@ -22,7 +22,7 @@ from texar_lite.config import ConfigError
 from texar_lite.context import weights_digest
 from texar_lite.dropout import RowDropout
 from texar_lite.faults import FaultInjector
-from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.losses import loss_name, sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 
 log = logging.getLogger("lm_ptb")
@@ -160,7 +160,7 @@ def make_eval_step(model):
     @tf.function
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
-        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.transpose(y), logits=logits)
+        nll = token_cross_entropy(tf.transpose(y), logits)
         return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
 
     return eval_step
@@ -322,6 +322,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         "global_batch_size": plan.global_batch,
         "seed": opts.seed,
         "lstm_cell": model.decoder.cell.name,
+        "softmax_loss": loss_name(),
         # Lets generate.py and score.py notice a data_path with other words.
         "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,
