@@ -255,12 +255,13 @@ def _start_horovod(**context_args):
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", cell="",
-                     unsynced_rank=None):
+                     loss="", unsynced_rank=None):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
-    time in collectives. cell "tf_ops" swaps the fused LSTM cell kernel for TF ops.
+    time in collectives. cell "tf_ops" swaps the fused LSTM cell kernel for TF
+    ops, and loss "tf_ops" the fused softmax loss kernel.
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
     """
@@ -277,7 +278,9 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     intra, inter = context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
-    from texar_lite import decoder, optimization, trainer
+    from texar_lite import decoder, losses, optimization, trainer
+    if loss == "tf_ops":
+        losses.FUSED_LOSS = None  # this worker is a process of its own
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
     plan = trainer.BatchPlan.from_config(config, ctx.size)
@@ -319,7 +322,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
         hvd.stop_timeline()
         result["collectives_ms"] = _timeline_collective_ms(timeline, steps * repeats)
     tokens = plan.global_batch * config["num_steps"]
-    result.update(cell=model.decoder.cell.name, words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
+    result.update(cell=model.decoder.cell.name, loss=losses.loss_name(),
+                  words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
                   intra_threads=intra, inter_threads=inter, tokens_per_step=tokens,
                   flops_per_step=analytic_flops(config, config["vocab_size"]) * plan.global_batch
                   // config["batch_size"],
@@ -597,6 +601,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
     results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
     if levers:
         results["small_inter1"] = run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})
+        results["small_tf_ops_loss"] = run_worker({**train, "loss": "tf_ops"})
+        results["small_tf_ops_cell"] = run_worker({**train, "cell": "tf_ops"})
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):
             task = {**distributed, **extra}
@@ -664,6 +670,8 @@ def ceiling_text(results):
 ROW_LABELS = [
     ("small", "small, 1 process, 2 threads"),
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
+    ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
+    ("small_tf_ops_cell", "small, 1 process, the LSTM cell as TF ops (no fused cell kernel)"),
     ("small_bf16", "small, mixed_bfloat16"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
