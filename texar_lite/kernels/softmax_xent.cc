@@ -22,17 +22,12 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 
+namespace tensorflow {
 namespace {
 
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::errors::InvalidArgument;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
+using errors::InvalidArgument;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
 
 REGISTER_OP("SoftmaxCrossEntropyInPlace")
     .Input("logits: float")     // [N, V]
@@ -44,7 +39,7 @@ REGISTER_OP("SoftmaxCrossEntropyInPlace")
       ShapeHandle logits, labels;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &logits));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &labels));
-      tensorflow::shape_inference::DimensionHandle rows;
+      shape_inference::DimensionHandle rows;
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(logits, 0), c->Dim(labels, 0), &rows));
       c->set_output(0, c->Vector(rows));
       c->set_output(1, logits);
@@ -93,15 +88,14 @@ class SoftmaxCrossEntropyInPlaceOp : public OpKernel {
     };
     // Cost per row in cycles, roughly: an exp and a few passes per column.
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    tensorflow::Shard(workers->num_threads, workers->workers, rows, 30 * vocab, work);
+    Shard(workers->num_threads, workers->workers, rows, 30 * vocab, work);
   }
 };
 
-}  // namespace
+REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).TypeConstraint<int32>("Tlabels"),
+                        SoftmaxCrossEntropyInPlaceOp<int32>);
+REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).TypeConstraint<int64>("Tlabels"),
+                        SoftmaxCrossEntropyInPlaceOp<int64>);
 
-REGISTER_KERNEL_BUILDER(
-    Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).TypeConstraint<tensorflow::int32>("Tlabels"),
-    SoftmaxCrossEntropyInPlaceOp<tensorflow::int32>);
-REGISTER_KERNEL_BUILDER(
-    Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).TypeConstraint<tensorflow::int64>("Tlabels"),
-    SoftmaxCrossEntropyInPlaceOp<tensorflow::int64>);
+}  // namespace
+}  // namespace tensorflow
