@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import decoder, losses, optimization
+from texar_lite import decoder, logs, losses, optimization
 from texar_lite.config import load_config
 from texar_lite.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
@@ -94,26 +94,57 @@ def test_time_chunks_give_the_outputs_and_dropout_of_one_pass(monkeypatch, num_s
 def test_fused_cell_equals_tf_ops_at_the_small_config_shapes():
     rng = np.random.default_rng(3)
     batch, units = 20, 200
-    gates_x, recurrent = (tf.constant(rng.normal(scale=2, size=(batch, 4 * units)), tf.float32) for _ in "xr")
-    c_prev, d_h, d_output, d_c = (tf.constant(rng.normal(size=(batch, units)), tf.float32) for _ in "cdoe")
+    gates_x = tf.constant(rng.normal(scale=2, size=(batch, 4 * units)), tf.float32)
+    kernel = tf.constant(rng.normal(scale=0.1, size=(units, 4 * units)), tf.float32)
+    h_prev, c_prev, d_h, d_output, d_c = (tf.constant(rng.normal(size=(batch, units)), tf.float32) for _ in "hcdoe")
     fused, ops = decoder.FUSED_CELL, decoder.TF_OPS_CELL
-    c, h, saved = fused.forward(gates_x, recurrent, c_prev)
-    want_c, want_h, want_saved = ops.forward(gates_x, recurrent, c_prev)
-    # The op's FMA-built logistic and tanh round differently from TF's AVX build, by an ulp or two.
-    np.testing.assert_allclose(c.numpy(), want_c.numpy(), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-6, atol=1e-6)
-    d_gates, d_c_prev = fused.backward(d_h, d_output, d_c, saved)
-    want_gates, want_c_prev = ops.backward(d_h, d_output, d_c, want_saved)
-    np.testing.assert_allclose(d_gates.numpy(), want_gates.numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(d_c_prev.numpy(), want_c_prev.numpy(), rtol=1e-5, atol=1e-6)
+    c, h, saved = fused.forward(gates_x, h_prev, c_prev, kernel)
+    want_c, want_h, want_saved = ops.forward(gates_x, h_prev, c_prev, kernel)
+    # Eigen's GEMM sums in another order than oneDNN's, and the op's FMA-built
+    # logistic and tanh round differently from TF's AVX build: a few ulps.
+    np.testing.assert_allclose(c.numpy(), want_c.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-5, atol=1e-6)
+    got = fused.backward(d_h, d_output, d_c, saved, kernel)
+    want = ops.backward(d_h, d_output, d_c, want_saved, kernel)
+    for name, got_part, want_part in zip(("d_gates", "d_c_prev", "d_h_prev"), got, want):
+        np.testing.assert_allclose(got_part.numpy(), want_part.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("units", [1, 5, 8, 9, 17])
+def test_fused_cell_product_covers_every_column(units):
+    # The recurrent product is split over threads in blocks of 8 columns; odd
+    # widths leave a short last block. The gates are zero, so h = o * tanh(c)
+    # with c = f * c_prev + i * j depends on every column of h_prev W_h.
+    rng = np.random.default_rng(4)
+    kernel = tf.constant(rng.normal(size=(units, 4 * units)), tf.float32)
+    h_prev, c_prev, d_h = (tf.constant(rng.normal(size=(3, units)), tf.float32) for _ in "hcd")
+    gates_x = tf.zeros([3, 4 * units])
+    fused, ops = decoder.FUSED_CELL, decoder.TF_OPS_CELL
+    _, h, saved = fused.forward(gates_x, h_prev, c_prev, kernel)
+    _, want_h, want_saved = ops.forward(gates_x, h_prev, c_prev, kernel)
+    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-5, atol=1e-6)
+    d_h_prev = fused.backward(d_h, d_h, d_h, saved, kernel)[2]
+    want_d_h_prev = ops.backward(d_h, d_h, d_h, want_saved, kernel)[2]
+    np.testing.assert_allclose(d_h_prev.numpy(), want_d_h_prev.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_cell_rejects_mismatched_shapes_by_name():
     library = decoder.FUSED_CELL.library
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"recurrent must be \[2, 12\], got \[2,8\]"):
-        library.lstm_cell_forward(tf.zeros([2, 12]), tf.zeros([2, 8]), tf.zeros([2, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"gates_x must be \[2, 12\], got \[2,8\]"):
+        library.lstm_step_forward(tf.zeros([2, 8]), tf.zeros([2, 3]), tf.zeros([2, 3]), tf.zeros([3, 12]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel must be \[3, 12\], got \[4,12\]"):
+        library.lstm_step_forward(tf.zeros([2, 12]), tf.zeros([2, 3]), tf.zeros([2, 3]), tf.zeros([4, 12]))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"activations must be \[2, 12\]"):
-        library.lstm_cell_backward(*[tf.zeros([2, 3])] * 3, tf.zeros([2, 3]), *[tf.zeros([2, 3])] * 2)
+        library.lstm_step_backward(*[tf.zeros([2, 3])] * 3, tf.zeros([2, 3]), *[tf.zeros([2, 3])] * 2,
+                                   tf.zeros([3, 12]))
+
+
+def test_mixed_bfloat16_runs_the_tf_ops_cell():
+    # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
+    dec = LSTMDecoder(input_size=4, vocab_size=7, hparams={"kwargs": {"num_units": 3}}, precision="mixed_bfloat16")
+    assert dec.cell is decoder.TF_OPS_CELL
+    assert decoder.default_cell("float32") is decoder.FUSED_CELL
+    assert logs._lstm_cell("mixed_bfloat16") == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
 
 
 LOSSES = {"fused": losses.FUSED_LOSS, "tf_ops": None}

@@ -196,7 +196,8 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
                 _error_line(f"error{origin}: {message}")
             return code
         config, data, options = prepared
-        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx))
+        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx),
+                              config.get("precision", "float32"))
         try:
             results = trainer.train_and_evaluate(config, data, ctx, options)
         except trainer.TrainingInterrupted as err:

@@ -36,7 +36,7 @@ class LSTMDecoder(tf.Module):
     def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
                  cell=None, name="lstm_decoder"):
         super().__init__(name=name)
-        self.cell = cell or default_cell()
+        self.cell = cell or default_cell(precision)
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
@@ -152,13 +152,17 @@ def _affine(x, kernel, bias):
 
 
 class _TfOpsCell:
-    """One cell step as TF ops: about 12 ops forward and 15 backward."""
+    """One cell step as TF ops: the recurrent matmul, then about 12 ops forward and 15 backward.
+
+    The kernel may be a bfloat16 copy (mixed precision); all else is float32.
+    """
 
     name = "TF ops"
 
     @staticmethod
-    def forward(gates_x, recurrent, c_prev):
+    def forward(gates_x, h_prev, c_prev, kernel):
         """-> (c, h, saved for backward)."""
+        recurrent = tf.cast(tf.matmul(tf.cast(h_prev, kernel.dtype), kernel), tf.float32)
         i, j, f, o = tf.split(gates_x + recurrent, 4, axis=1)
         i, j, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
         c = f * c_prev + i * j
@@ -166,8 +170,8 @@ class _TfOpsCell:
         return c, o * tanh_c, (i, j, f, o, tanh_c, c_prev)
 
     @staticmethod
-    def backward(d_h, d_output, d_c, saved):
-        """-> (d_gates [B, 4H], d_c_prev)."""
+    def backward(d_h, d_output, d_c, saved, kernel):
+        """-> (d_gates [B, 4H], d_c_prev, d_h_prev)."""
         i, j, f, o, tanh_c, c_prev = saved
         d_h = d_h + d_output
         d_c = d_c + tf.raw_ops.TanhGrad(y=tanh_c, dy=d_h * o)
@@ -175,23 +179,27 @@ class _TfOpsCell:
                              tf.raw_ops.TanhGrad(y=j, dy=d_c * i),
                              tf.raw_ops.SigmoidGrad(y=f, dy=d_c * c_prev),
                              tf.raw_ops.SigmoidGrad(y=o, dy=d_h * tanh_c)], axis=1)
-        return d_gates, d_c * f
+        d_h_prev = tf.cast(tf.matmul(tf.cast(d_gates, kernel.dtype), kernel, transpose_b=True), tf.float32)
+        return d_gates, d_c * f, d_h_prev
 
 
 class _FusedCell:
-    """The same step as one op each way (texar_lite/kernels/lstm_cell.cc), equal up to rounding."""
+    """The same step, recurrent product included, as one op each way (texar_lite/kernels/lstm_cell.cc).
+
+    Equal to the TF ops up to rounding; float32 only.
+    """
 
     name = "fused kernel"
 
     def __init__(self, library):
         self.library = library
 
-    def forward(self, gates_x, recurrent, c_prev):
-        c, h, activations, tanh_c = self.library.lstm_cell_forward(gates_x, recurrent, c_prev)
+    def forward(self, gates_x, h_prev, c_prev, kernel):
+        c, h, activations, tanh_c = self.library.lstm_step_forward(gates_x, h_prev, c_prev, kernel)
         return c, h, (activations, tanh_c, c_prev)
 
-    def backward(self, d_h, d_output, d_c, saved):
-        return self.library.lstm_cell_backward(d_h, d_output, d_c, *saved)
+    def backward(self, d_h, d_output, d_c, saved, kernel):
+        return self.library.lstm_step_backward(d_h, d_output, d_c, *saved, kernel)
 
 
 FUSED_CELL_LIBRARY = kernels.library_path("lstm_cell")
@@ -200,9 +208,11 @@ FUSED_CELL = _FusedCell(_CELL_LIBRARY) if _CELL_LIBRARY else None
 TF_OPS_CELL = _TfOpsCell()
 
 
-def default_cell():
-    """The fused kernel when scripts/setup.sh has built it, else the TF ops."""
-    return FUSED_CELL or TF_OPS_CELL
+def default_cell(precision="float32"):
+    """The fused kernel when scripts/setup.sh has built it and the matmuls are float32, else the TF ops."""
+    if FUSED_CELL and precision == "float32":
+        return FUSED_CELL
+    return TF_OPS_CELL
 
 
 def _lstm_sequence(projected, c, h, kernel, cell):
@@ -211,18 +221,17 @@ def _lstm_sequence(projected, c, h, kernel, cell):
     Returns the outputs [T, B, H] and the final c and h. The gradient is
     hand-written backpropagation through time: automatic differentiation
     computes the recurrent kernel's gradient as T small matmuls summed by
-    AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. It also
-    keeps the bf16 casts in one place: kernel may be a bfloat16 copy (mixed
-    precision); all else is float32. `cell` does the elementwise part of a step.
+    AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. `cell`
+    does one time step each way, the recurrent product included. kernel may
+    be a bfloat16 copy (mixed precision, with the TF-ops cell); all else is float32.
     """
 
     @tf.custom_gradient
     def sequence(projected, c, h, kernel):
         saved, h_prevs, outputs = [], [], []
         for gates_x in tf.unstack(projected):
-            recurrent = tf.cast(tf.matmul(tf.cast(h, kernel.dtype), kernel), tf.float32)
             h_prevs.append(h)
-            c, h, step_saved = cell.forward(gates_x, recurrent, c)
+            c, h, step_saved = cell.forward(gates_x, h, c, kernel)
             saved.append(step_saved)
             outputs.append(h)
 
@@ -230,8 +239,7 @@ def _lstm_sequence(projected, c, h, kernel, cell):
             d_steps = tf.unstack(d_outputs)
             d_gates = [None] * len(saved)
             for t in reversed(range(len(saved))):
-                d_gates[t], d_c = cell.backward(d_h, d_steps[t], d_c, saved[t])
-                d_h = tf.cast(tf.matmul(tf.cast(d_gates[t], kernel.dtype), kernel, transpose_b=True), tf.float32)
+                d_gates[t], d_c, d_h = cell.backward(d_h, d_steps[t], d_c, saved[t], kernel)
             d_projected = tf.stack(d_gates)
             units = kernel.shape[0]
             h_flat = tf.cast(tf.reshape(tf.stack(h_prevs), [-1, units]), kernel.dtype)

@@ -173,7 +173,7 @@ def _file_handler(path):
     return logging.FileHandler(path, mode="a")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions):
+def training_summary(ctx, intra_threads, inter_threads, device, versions, precision="float32"):
     """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
     hosts = ctx.allgather_object(socket.gethostname(), name="summary_hosts")
     gpus = _visible_gpus()
@@ -187,7 +187,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
-        ("LSTM cell", _lstm_cell()),
+        ("LSTM cell", _lstm_cell(precision)),
         ("softmax loss", _softmax_loss()),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
@@ -202,10 +202,12 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions):
     return dict(rows)
 
 
-def _lstm_cell():
+def _lstm_cell(precision):
     from texar_lite import decoder
-    if decoder.FUSED_CELL:
+    if decoder.default_cell(precision) is decoder.FUSED_CELL:
         return f"{decoder.FUSED_CELL.name} ({os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
+    if decoder.FUSED_CELL:
+        return f"{decoder.TF_OPS_CELL.name} (the fused kernel is float32 only; precision is {precision})"
     return f"{decoder.TF_OPS_CELL.name} (the fused kernel is not built: run make setup)"
 
 
