@@ -260,8 +260,9 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
-    time in collectives. cell "tf_ops" swaps the fused LSTM cell kernel for TF
-    ops, and loss "tf_ops" the fused softmax loss kernel.
+    time in collectives. cell "tf_ops" swaps the fused LSTM step kernel (the
+    recurrent product and the cell) for TF ops, and loss "tf_ops" the fused
+    softmax loss kernel.
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
     """
@@ -671,7 +672,7 @@ ROW_LABELS = [
     ("small", "small, 1 process, 2 threads"),
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
-    ("small_tf_ops_cell", "small, 1 process, the LSTM cell as TF ops (no fused cell kernel)"),
+    ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
     ("small_bf16", "small, mixed_bfloat16"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
