@@ -139,6 +139,20 @@ def test_fused_cell_rejects_mismatched_shapes_by_name():
                                    tf.zeros([3, 12]))
 
 
+@pytest.mark.parametrize("flags, precision, want", [
+    ("fpu avx2 fma", "float32", "float32"),
+    ("fpu avx2 avx512_bf16", "float32",
+     "float32 (this CPU has avx512_bf16: --set precision=mixed_bfloat16 trains faster, see BENCHMARKS.md)"),
+    ("fpu avx512_bf16 amx_bf16", "mixed_bfloat16", "mixed_bfloat16"),
+    ("fpu avx2 fma", "mixed_bfloat16", "mixed_bfloat16 (no native bf16 on this CPU: slower than float32 here)"),
+])
+def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, want):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert logs._precision(precision, str(cpuinfo)) == want
+    assert logs.native_bf16_flags(str(tmp_path / "missing")) == []
+
+
 def test_mixed_bfloat16_runs_the_tf_ops_cell():
     # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
     dec = LSTMDecoder(input_size=4, vocab_size=7, hparams={"kwargs": {"num_units": 3}}, precision="mixed_bfloat16")

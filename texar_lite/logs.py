@@ -187,6 +187,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, precis
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
+        ("precision", _precision(precision)),
         ("LSTM cell", _lstm_cell(precision)),
         ("softmax loss", _softmax_loss()),
         ("TensorFlow", versions.get("tensorflow")),
@@ -200,6 +201,28 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, precis
     for line in lines:
         log.info(line)
     return dict(rows)
+
+
+def native_bf16_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU flags of hardware bf16 dot products (AVX512_BF16, AMX) this machine has."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
+
+
+def _precision(precision, cpuinfo="/proc/cpuinfo"):
+    # float32 stays the default everywhere, so that one command trains the
+    # same model on every machine; where bf16 is native, say what it buys.
+    native = native_bf16_flags(cpuinfo)
+    if precision == "float32" and native:
+        return (f"float32 (this CPU has {', '.join(native)}: --set precision=mixed_bfloat16 trains faster, "
+                "see BENCHMARKS.md)")
+    if precision == "mixed_bfloat16" and not native:
+        return "mixed_bfloat16 (no native bf16 on this CPU: slower than float32 here)"
+    return precision
 
 
 def _lstm_cell(precision):
