@@ -594,16 +594,21 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         ("hvd_2x1_vader", lambda: run_worker(distributed, ranks=2, mca=VADER)),
         ("collectives_2x1", lambda: run_worker(collectives, ranks=2)),
         ("collectives_2x1_vader", lambda: run_worker(collectives, ranks=2, mca=VADER))]
+    measurements.append(("small_bf16", lambda: run_worker({**train, "overrides": ["precision=mixed_bfloat16"]})))
+    if levers:
+        # In the rounds too, so that each lever compares with its baseline of the same minute.
+        measurements += [
+            ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
+            ("small_tf_ops_loss", lambda: run_worker({**train, "loss": "tf_ops"})),
+            ("small_tf_ops_cell", lambda: run_worker({**train, "cell": "tf_ops"})),
+            ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
+            ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,
+                                                  env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})),
+            ("hvd_2x1_fp16", lambda: run_worker({**distributed, "fp16_allreduce": True}, ranks=2))]
     results["rounds"] = interleave(measurements, 1 if quick else rounds)
     for name, _ in measurements:
         results[name] = merge_rounds([round_results[name] for round_results in results["rounds"]])
-    results["small_bf16"] = run_worker({**train, "overrides": ["precision=mixed_bfloat16"],
-                                        **dict(small, steps=max(3, small["steps"] // 3), warmup=3)})
     results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
-    if levers:
-        results["small_inter1"] = run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})
-        results["small_tf_ops_loss"] = run_worker({**train, "loss": "tf_ops"})
-        results["small_tf_ops_cell"] = run_worker({**train, "cell": "tf_ops"})
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):
             task = {**distributed, **extra}
@@ -619,10 +624,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         horovod(2, "hvd_2x1_dense", sparse_as_dense=True, timeline=True)
         horovod(2, "hvd_2x1_per_worker", overrides=["batch_mode=per_worker"], timeline=True)
         if levers:
-            horovod(2, "hvd_2x1_cycle1ms", env={"HOROVOD_CYCLE_TIME": "1"})
+            # Far slower than the rest (earlier runs): once is enough.
             horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
-            horovod(2, "hvd_2x1_fusion", env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})
-            horovod(2, "hvd_2x1_fp16", fp16_allreduce=True)
             horovod(2, "hvd_2x1_spin", mca={"mpi_yield_when_idle": "0"})
     results["torch"] = torch_reference(data_path, torch_steps) if data_path else None
     results["busy_after"] = busy_trainers()
@@ -689,6 +692,36 @@ ROW_LABELS = [
     ("hvd_2x1_fusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=64 MiB (Horovod's default; ours is 0)"),
     ("hvd_2x1_fp16", "small, 2x1, --fp16_allreduce"),
     ("hvd_2x1_spin", "small, 2x1, -mca mpi_yield_when_idle 0 (ranks spin while waiting)")]
+
+
+# Each lever against the setting it varies, both measured in the same rounds.
+LEVERS = [
+    ("small_bf16", "small"),
+    ("small_inter1", "small"),
+    ("small_tf_ops_loss", "small"),
+    ("small_tf_ops_cell", "small"),
+    ("hvd_2x1_cycle1ms", "hvd_2x1"),
+    ("hvd_2x1_fusion", "hvd_2x1"),
+    ("hvd_2x1_fp16", "hvd_2x1")]
+
+
+def lever_rows(results):
+    """(lever, baseline, ms/step ratio, CPU ms/step ratio): medians of the per-round ratios with
+    their range; below 1.00x the lever is faster. Only levers that ran in the rounds."""
+    rows = []
+    labels = dict(ROW_LABELS)
+    times = "{:.2f}x".format
+    for lever, base in LEVERS:
+        rounds = [r for r in results.get("rounds", []) if lever in r and base in r]
+        if not rounds:
+            continue
+        subset = {**results, "rounds": rounds}
+        wall = _per_round(subset, lambda r: r[lever]["ms_per_step"][0] / r[base]["ms_per_step"][0], "", times,
+                          bool)[1]
+        cpu = _per_round(subset, lambda r: statistics.median(r[lever]["cpu_ms_per_step"])
+                         / statistics.median(r[base]["cpu_ms_per_step"]), "", times, bool)[1]
+        rows.append((labels[lever], labels[base], wall, cpu))
+    return rows
 
 
 def table_rows(results):
@@ -822,7 +855,8 @@ def render(results, command):
               "brackets the part of it in the threads hvd.init() starts (Horovod's background thread, which "
               "runs the MPI calls). "
               "The small step in one process, its matmuls alone, Horovod 1x2 and 2x1 (TCP and shared memory), "
-              f"compute alone and the collectives alone ran in {len(_rounds(results))} alternating round(s): each row "
+              "compute alone, the collectives alone, bf16 and (with --levers) the levers below ran in "
+              f"{len(_rounds(results))} alternating round(s): each row "
               "pools the windows of all rounds, and the goals that compare two of them take the median of the "
               "per-round ratios (with their range). "
               "Collective ms is rank 0's "
@@ -835,6 +869,13 @@ def render(results, command):
                   f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.", ""]
     else:
         lines += ["PyTorch reference: not run (no venv at TORCH_PYTHON or no PTB data).", ""]
+    levers = lever_rows(results)
+    if levers:
+        lines += ["Each lever against its baseline, both in the same alternating rounds: the median of the "
+                  "per-round ratios of ms/step and of CPU ms/step (per rank, the median of the ranks), with "
+                  "their range; below 1.00x the lever is faster.", "",
+                  "| lever | against | ms/step ratio | CPU ms/step ratio |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in levers] + [""]
     lines += ["| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {text} | {value} | {'yes' if met else 'no'} |" for text, value, met in goals(results)]
     lines += _render_scaling(results)
@@ -888,6 +929,8 @@ def print_table(results):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     if results.get("torch"):
         print(f"PyTorch reference {results['torch']['words_per_s']:.0f} words/s")
+    for lever, base, wall, cpu in lever_rows(results):
+        print(f"lever {lever}: against {base}: ms/step {wall}, CPU ms/step {cpu}")
     for text, value, met in goals(results):
         print(f"goal {text}: {value} ({'met' if met else 'not met'})")
 

@@ -435,6 +435,22 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
     assert calls == ["a", "b", "a", "b"] and order == [{"a": "a", "b": "b"}] * 2
 
 
+def test_bench_levers_compare_with_their_baseline_round_by_round():
+    import bench
+
+    row = _bench_row
+    # Round 2 ran on a busy machine: both sides slowed alike, so the ratio holds.
+    rounds = [{"small": row(50.0, 8000, cpu=(80,)), "small_tf_ops_loss": row(55.0, 7273, cpu=(88,))},
+              {"small": row(100.0, 4000, cpu=(90,)), "small_tf_ops_loss": row(105.0, 3810, cpu=(90,))},
+              {"small": row(50.0, 8000, cpu=(80,)), "small_tf_ops_loss": row(54.0, 7407, cpu=(84,))}]
+    results = {"rounds": rounds}
+    assert bench.lever_rows(results) == [(
+        "small, 1 process, the softmax loss as TF ops (no fused loss kernel)", "small, 1 process, 2 threads",
+        "1.08x (1.05x to 1.10x over 3 rounds)", "1.05x (1.00x to 1.10x over 3 rounds)")]
+    # A lever measured once, outside the rounds, has no paired ratio to show.
+    assert bench.lever_rows({"rounds": [{"small": row(50.0, 8000)}], "small_inter1": row(49.0, 8163)}) == []
+
+
 def test_bench_ceiling_is_the_fastest_matmul_measured():
     import bench
 
