@@ -2,7 +2,8 @@
 
     python bench.py                      # everything, about 15 minutes on 2 cores
     python bench.py --quick              # one round, fewer steps, for a smoke check
-    python bench.py --levers             # adds Horovod cycle-time / fusion variants
+    python bench.py --levers             # adds the lever table: thread, fused-kernel and Horovod variants
+    python bench.py --report_from F.json # rewrites the report from a saved --json run
 
 It measures, each in a fresh process so that peak RSS and thread settings
 belong to one measurement: the fp32 (and bf16) matmul ceiling; ms/step and
@@ -779,7 +780,7 @@ def goals(results):
     if results.get("torch"):
         ratio = results["small"]["words_per_s"][0] / results["torch"]["words_per_s"]
         out.append((f"words/s >= {GOAL_TORCH_RATIO}x PyTorch", f"{ratio:.2f}x", ratio >= GOAL_TORCH_RATIO))
-    percent = "{:.0%}".format
+    percent = "{:.1%}".format  # one decimal: 69.9% must not read as 70%
     out.append(_per_round(
         results, lambda r: r["small"]["flops_per_step"] / r["small"]["ms_per_step"][0] / 1e6 / ceiling(r)[0],
         f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling ({source})", percent,
@@ -946,18 +947,25 @@ def main(argv=None):
     parser.add_argument("--levers", action="store_true", help="also time Horovod cycle-time and fusion variants")
     parser.add_argument("--no_report", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--json", default="", help="also save every measurement to this JSON file")
+    parser.add_argument("--report_from", default="", metavar="JSON",
+                        help="measure nothing: print and report the results a --json run saved")
     args = parser.parse_args(argv)
-    data_path = args.data_path if os.path.exists(os.path.join(args.data_path, "ptb.train.txt")) else ""
-    if busy_trainers():
-        print("warning: lm_ptb training is running; the numbers will be low:\n  " + "\n  ".join(busy_trainers()),
-              file=sys.stderr)
-    results = run_all(data_path, quick=args.quick, levers=args.levers)
+    if args.report_from:
+        with open(args.report_from) as f:
+            results = json.load(f)
+    else:
+        data_path = args.data_path if os.path.exists(os.path.join(args.data_path, "ptb.train.txt")) else ""
+        if busy_trainers():
+            print("warning: lm_ptb training is running; the numbers will be low:\n  " + "\n  ".join(busy_trainers()),
+                  file=sys.stderr)
+        results = run_all(data_path, quick=args.quick, levers=args.levers)
+        results["command"] = shlex.join(["python", "bench.py", *argv])
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if not args.no_report:
-        write_report(results, shlex.join(["python", "bench.py", *argv]))
+        write_report(results, results.get("command") or f"python bench.py (saved in {args.report_from})")
     return 0
 
 

@@ -394,7 +394,7 @@ def test_bench_goals_from_measurements():
                "torch": {"words_per_s": 8000.0}}
     got = {text.split(" (")[0]: (value, met) for text, value, met in bench.goals(results)}
     assert got["words/s >= 1.3x PyTorch"] == ("1.56x", True)
-    assert got["small step >= 70% of fp32 ceiling"] == ("62%", False)   # 6.4 GFLOP / 32 ms = 200 of 320
+    assert got["small step >= 70% of fp32 ceiling"] == ("62.5%", False)   # 6.4 GFLOP / 32 ms = 200 of 320
     assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.80x", False)
     assert got["communication adds <= 5% to the 2x1 step"] == ("5.0%", True)   # (40 - 38) / 40
     assert got["the step's collectives alone"] == ("10.0%", False)              # 4 / 40
@@ -422,7 +422,7 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
         results[name] = bench.merge_rounds([r[name] for r in rounds])
     got = {text.split(" (")[0]: (value, met) for text, value, met in bench.goals(results)}
     assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.96x (0.90x to 1.00x over 3 rounds)", True)
-    assert got["small step >= 70% of fp32 ceiling"] == ("62% (31% to 62% over 3 rounds)", False)
+    assert got["small step >= 70% of fp32 ceiling"] == ("62.5% (31.2% to 62.5% over 3 rounds)", False)
     for round_results, cpu in zip(rounds, ([10.0, 12.0], [30.0, 31.0], [11.0, 50.0])):
         round_results["hvd_2x1"]["horovod_cpu_ms_per_step"] = cpu
     assert bench.merge_rounds([r["hvd_2x1"] for r in rounds])["horovod_cpu_ms_per_step"] == [11.0, 31.0]
@@ -469,7 +469,7 @@ def test_bench_ceiling_is_the_fastest_matmul_measured():
                                                  "hvd_2x1_timeline": {**results["small"],
                                                                       "collectives_ms": {"collective": 1.0}}})
               if "ceiling" in text or "CPU time" in text]
-    assert shares == ["62%", "67%"]   # 100 GFLOP/s of 160; 53.3 GFLOP per CPU-second of 80
+    assert shares == ["62.5%", "66.7%"]   # 100 GFLOP/s of 160; 53.3 GFLOP per CPU-second of 80
 
 
 def test_bench_workers_measure_under_mpirun():
