@@ -143,7 +143,8 @@ class LstmStepForwardOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t batch, n;
-    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 1, {{"gates_x", kGates}, {"h_prev", kState}, {"c_prev", kState}, {"kernel", kKernel}},
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 1,
+                                    {{"gates_x", kGates}, {"h_prev", kState}, {"c_prev", kState}, {"kernel", kKernel}},
                                     &batch, &n));
     Tensor *c_t, *h_t, *acts_t, *tanh_c_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n}), &c_t));
