@@ -159,6 +159,8 @@ def test_mixed_bfloat16_runs_the_tf_ops_cell():
     assert dec.cell is decoder.TF_OPS_CELL
     assert decoder.default_cell("float32") is decoder.FUSED_CELL
     assert logs._lstm_cell("mixed_bfloat16") == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    with pytest.raises(ValueError, match="the fused LSTM step is float32 only; precision mixed_bfloat16 needs"):
+        LSTMDecoder(input_size=4, vocab_size=7, precision="mixed_bfloat16", cell=decoder.FUSED_CELL)
 
 
 LOSSES = {"fused": losses.FUSED_LOSS, "tf_ops": None}

@@ -39,6 +39,8 @@ class LSTMDecoder(tf.Module):
         self.cell = cell or default_cell(precision)
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
+        if self.cell is FUSED_CELL and precision != "float32":
+            raise ValueError(f"the fused LSTM step is float32 only; precision {precision} needs the TF-ops cell")
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
         # cell state, the gate nonlinearities and the logits stay fp32.
         self.matmul_dtype = PRECISIONS[precision]
