@@ -219,7 +219,7 @@ def _precision(precision, cpuinfo="/proc/cpuinfo"):
     native = native_bf16_flags(cpuinfo)
     if precision == "float32" and native:
         return (f"float32 (this CPU has {', '.join(native)}: --set precision=mixed_bfloat16 trains faster, "
-                "see BENCHMARKS.md)")
+                "at up to 1.5% higher perplexity; see BENCHMARKS.md)")
     if precision == "mixed_bfloat16" and not native:
         return "mixed_bfloat16 (no native bf16 on this CPU: slower than float32 here)"
     return precision
