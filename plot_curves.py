@@ -71,7 +71,9 @@ def plot_curves(output_dirs, out_path="curves.png", labels=None):
         labels = [default_label(d, records) for d, records in zip(output_dirs, runs)]
         # Two runs of one config and world size would share a legend entry.
         labels = [f"{label} ({d})" if labels.count(label) > 1 else label for label, d in zip(labels, output_dirs)]
-    fig = Figure(figsize=(8, 5), dpi=100)
+    # Beyond two runs the legend would cover the valid curves: it goes to the right.
+    legend_outside = len(runs) > 2
+    fig = Figure(figsize=(11.5 if legend_outside else 8, 5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for i, (label, records) in enumerate(zip(labels, runs)):
@@ -90,7 +92,10 @@ def plot_curves(output_dirs, out_path="curves.png", labels=None):
     ax.set_ylabel("perplexity (log scale)")
     ax.set_title("Train (dashed) and valid (solid) perplexity")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    if legend_outside:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    else:
+        ax.legend()
     fig.tight_layout()
     try:
         fig.savefig(out_path, format="png")

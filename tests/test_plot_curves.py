@@ -82,6 +82,19 @@ def test_given_labels_and_same_default_labels(tmp_path):
         f"config_small, 1 rank ({b}): train", f"config_small, 1 rank ({b}): valid"]
 
 
+def test_more_than_two_runs_put_the_legend_beside_the_axes(two_runs, tmp_path):
+    third = write_run(tmp_path / "c", RUN_1)
+    out = str(tmp_path / "three.png")
+    fig = plot_curves.plot_curves([*two_runs, third], out)
+    with open(out, "rb") as f:
+        assert struct.unpack(">II", f.read()[16:24]) == (1150, 500)
+    ax = fig.axes[0]
+    # Its left edge is right of the axes' right edge: it covers no curve.
+    renderer = fig.canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 > ax.get_window_extent(renderer).x1
+    assert len(ax.get_legend().get_texts()) == 6
+
+
 @pytest.mark.parametrize("content, message", [
     ("", "has no epochs yet"),
     (json.dumps(RUN_1[0]) + "\n{not json\n", "line 2 is not an epoch record"),
