@@ -625,7 +625,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         horovod(2, "hvd_2x1_dense", sparse_as_dense=True, timeline=True)
         horovod(2, "hvd_2x1_per_worker", overrides=["batch_mode=per_worker"], timeline=True)
         if levers:
-            # Far slower than the rest (earlier runs): once is enough.
+            # Once each, after the rounds: these rows have no paired ratio.
             horovod(2, "hvd_2x1_cycle5ms", env={"HOROVOD_CYCLE_TIME": "5"})
             horovod(2, "hvd_2x1_spin", mca={"mpi_yield_when_idle": "0"})
     results["torch"] = torch_reference(data_path, torch_steps) if data_path else None
@@ -717,10 +717,9 @@ def lever_rows(results):
         if not rounds:
             continue
         subset = {**results, "rounds": rounds}
-        wall = _per_round(subset, lambda r: r[lever]["ms_per_step"][0] / r[base]["ms_per_step"][0], "", times,
-                          bool)[1]
-        cpu = _per_round(subset, lambda r: statistics.median(r[lever]["cpu_ms_per_step"])
-                         / statistics.median(r[base]["cpu_ms_per_step"]), "", times, bool)[1]
+        _, wall = _round_spread(subset, lambda r: r[lever]["ms_per_step"][0] / r[base]["ms_per_step"][0], times)
+        _, cpu = _round_spread(subset, lambda r: statistics.median(r[lever]["cpu_ms_per_step"])
+                               / statistics.median(r[base]["cpu_ms_per_step"]), times)
         rows.append((labels[lever], labels[base], wall, cpu))
     return rows
 
@@ -763,12 +762,18 @@ def _rounds(results):
     return [{**results, **paired} for paired in results.get("rounds", [])] or [results]
 
 
-def _per_round(results, measure, text, fmt, met):
-    """A goal measured in every round: (text, 'median (min-max over N rounds)', met by the median)."""
+def _round_spread(results, measure, fmt):
+    """`measure` of every round as (median, 'median (min to max over N rounds)')."""
     values = [measure(r) for r in _rounds(results)]
     median = statistics.median(values)
     shown = fmt(median) if len(values) == 1 else \
         f"{fmt(median)} ({fmt(min(values))} to {fmt(max(values))} over {len(values)} rounds)"
+    return median, shown
+
+
+def _per_round(results, measure, text, fmt, met):
+    """A goal measured in every round: (text, 'median (min-max over N rounds)', met by the median)."""
+    median, shown = _round_spread(results, measure, fmt)
     return text, shown, met(median)
 
 
