@@ -141,12 +141,19 @@ def _affine(x, kernel, bias):
     block anyway: [x, 1]^T x d_out is [D + 1, K], and its last row is the
     bias gradient. Splitting rows off a row-major tensor shares its buffer,
     so nothing is copied. Forward, oneDNN fuses the bias into the matmul.
+
+    Backward, d_x comes first: the layer below (the BPTT loop) waits for it,
+    whereas the kernel gradient only feeds the update. Left to the executor,
+    the two softmax-layer matmuls ran side by side, each at half speed, and
+    the BPTT started after both; ordered, the kernel gradient runs beside
+    the BPTT instead (small step 44 -> 40.5 ms, three alternating rounds).
     """
     out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
     def grad(d_out):
         d_x = tf.matmul(d_out, kernel, transpose_b=True)
-        x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
+        with tf.control_dependencies([d_x]):  # see the docstring: d_x is on the critical path
+            x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
         d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
         return d_x, d_kernel, tf.reshape(d_bias, [-1])
 
