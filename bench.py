@@ -256,14 +256,15 @@ def _start_horovod(**context_args):
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", cell="",
-                     loss="", unsynced_rank=None):
+                     loss="", backward="", unsynced_rank=None):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
     time in collectives. cell "tf_ops" swaps the fused LSTM step kernel (the
     recurrent product and the cell) for TF ops, and loss "tf_ops" the fused
-    softmax loss kernel.
+    softmax loss kernel. backward "unordered" leaves the order of each
+    layer's two gradient matmuls to TensorFlow (decoder.INPUT_GRADIENT_FIRST).
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
     """
@@ -283,6 +284,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     from texar_lite import decoder, losses, optimization, trainer
     if loss == "tf_ops":
         losses.FUSED_LOSS = None  # this worker is a process of its own
+    if backward == "unordered":
+        decoder.INPUT_GRADIENT_FIRST = False
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
     plan = trainer.BatchPlan.from_config(config, ctx.size)
@@ -602,6 +605,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
             ("small_tf_ops_loss", lambda: run_worker({**train, "loss": "tf_ops"})),
             ("small_tf_ops_cell", lambda: run_worker({**train, "cell": "tf_ops"})),
+            ("small_unordered_backward", lambda: run_worker({**train, "backward": "unordered"})),
             ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,
                                                   env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})),
@@ -677,6 +681,8 @@ ROW_LABELS = [
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
     ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
+    ("small_unordered_backward", "small, 1 process, each layer's two gradient matmuls in TensorFlow's order "
+                                 "(not the input gradient first)"),
     ("small_bf16", "small, mixed_bfloat16"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
@@ -701,6 +707,7 @@ LEVERS = [
     ("small_inter1", "small"),
     ("small_tf_ops_loss", "small"),
     ("small_tf_ops_cell", "small"),
+    ("small_unordered_backward", "small"),
     ("hvd_2x1_cycle1ms", "hvd_2x1"),
     ("hvd_2x1_fusion", "hvd_2x1"),
     ("hvd_2x1_fp16", "hvd_2x1")]

@@ -15,6 +15,9 @@ PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 # the otherwise serial recurrent chains. 2 chunks: a small step in 32.5 ms
 # against 34 in one piece; 3 or more lose the gain again to smaller matmuls.
 TIME_CHUNKS = 2
+# _affine's backward computes the input gradient before the kernel gradient
+# (why: its docstring). The benchmark's lever row sets this False to measure it.
+INPUT_GRADIENT_FIRST = True
 
 
 def default_hparams():
@@ -152,7 +155,7 @@ def _affine(x, kernel, bias):
 
     def grad(d_out):
         d_x = tf.matmul(d_out, kernel, transpose_b=True)
-        with tf.control_dependencies([d_x]):  # see the docstring: d_x is on the critical path
+        with tf.control_dependencies([d_x] if INPUT_GRADIENT_FIRST else []):
             x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
         d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
         return d_x, d_kernel, tf.reshape(d_bias, [-1])
