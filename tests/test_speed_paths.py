@@ -377,6 +377,16 @@ def _losses(precision, steps=4):
     return losses, model
 
 
+def test_gradient_order_changes_no_value(monkeypatch):
+    # INPUT_GRADIENT_FIRST only orders two independent matmuls: training is bit for bit the same.
+    ordered, ordered_model = _losses("float32")
+    monkeypatch.setattr(decoder, "INPUT_GRADIENT_FIRST", False)
+    unordered, unordered_model = _losses("float32")
+    assert ordered == unordered
+    for a, b in zip(ordered_model.trainable_variables, unordered_model.trainable_variables):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
 def test_mixed_bfloat16_trains_close_to_float32():
     fp32, _ = _losses("float32")
     bf16, model = _losses("mixed_bfloat16")
