@@ -134,17 +134,21 @@ def test_affine_backward_orders_the_input_gradient_first(monkeypatch, input_firs
     # the layer below waits for; the benchmark's lever turns the order off,
     # and then nothing orders them.
     monkeypatch.setattr(decoder, "INPUT_GRADIENT_FIRST", input_first)
-    x, kernel, bias = tf.ones([4, 3]), tf.ones([3, 5]), tf.zeros([5])
+    # Small integers keep every sum exact, so a transposed operand would show.
+    x, kernel, bias, d_out = (tf.constant(np.arange(n * m).reshape(n, m) % 7 - 3, tf.float32)
+                              for n, m in [(4, 3), (3, 5), (1, 5), (4, 5)])
+    bias = tf.reshape(bias, [5])
 
     @tf.function
-    def grads(x, kernel, bias):
+    def grads(x, kernel, bias, d_out):
         with tf.GradientTape() as tape:
             tape.watch([x, kernel, bias])
             out = decoder._affine(x, kernel, bias)
-        return tape.gradient(out, [x, kernel, bias], output_gradients=tf.ones([4, 5]))
+        return tape.gradient(out, [x, kernel, bias], output_gradients=d_out)
 
-    ops = grads.get_concrete_function(x, kernel, bias).graph.get_operations()
-    d_x_matmul, = [op for op in ops if op.type == "MatMul" and op.get_attr("transpose_b")]
+    ops = grads.get_concrete_function(x, kernel, bias, d_out).graph.get_operations()
+    # d_x is BatchMatMulV2 with adj_y: oneDNN runs it faster than MatMul with transpose_b.
+    d_x_matmul, = [op for op in ops if op.type == "BatchMatMulV2" and op.get_attr("adj_y")]
     d_kernel_matmul, = [op for op in ops if op.type == "MatMul" and op.get_attr("transpose_a")]
     ancestors, todo = set(), [d_kernel_matmul]
     while todo:
@@ -154,9 +158,10 @@ def test_affine_backward_orders_the_input_gradient_first(monkeypatch, input_firs
                 ancestors.add(parent)
                 todo.append(parent)
     assert (d_x_matmul in ancestors) == input_first
-    d_x, d_kernel, d_bias = grads(x, kernel, bias)
-    assert np.array_equal(d_x, np.full([4, 3], 5.0))
-    assert np.array_equal(d_kernel, np.full([3, 5], 4.0)) and np.array_equal(d_bias, np.full([5], 4.0))
+    d_x, d_kernel, d_bias = grads(x, kernel, bias, d_out)
+    assert np.array_equal(d_x, d_out.numpy() @ kernel.numpy().T)
+    assert np.array_equal(d_kernel, x.numpy().T @ d_out.numpy())
+    assert np.array_equal(d_bias, d_out.numpy().sum(0))
 
 
 def test_fused_cell_rejects_mismatched_shapes_by_name():
