@@ -469,7 +469,15 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
     results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0}, "rounds": rounds}
     for name in ("hvd_1x2", "hvd_2x1", "small"):
         results[name] = bench.merge_rounds([r[name] for r in rounds])
+    # The PyTorch reference runs in each round too; pooled medians would give 12500 / 8000 = 1.56x.
+    for round_results, words in zip(rounds, (8000.0, 5000.0, 10000.0)):
+        round_results["torch"] = {"words_per_s": words, "torch": "2.x", "steps": 300}
+    results["torch"] = bench.merge_torch_rounds([r["torch"] for r in rounds])
+    assert results["torch"]["words_per_s"] == 8000.0
+    assert bench.merge_torch_rounds([None, None]) is None
     got = {text.split(" (")[0]: (value, met) for text, value, met in bench.goals(results)}
+    assert got["words/s >= 1.3x PyTorch"] == ("1.25x (1.25x to 1.56x over 3 rounds)", False)
+    assert "**8000 words/s** (5000-10000 over 3 rounds)" in bench.torch_line(results)
     assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.96x (0.90x to 1.00x over 3 rounds)", True)
     assert got["small step >= 70% of fp32 ceiling"] == ("62.5% (31.2% to 62.5% over 3 rounds)", False)
     for round_results, cpu in zip(rounds, ([10.0, 12.0], [30.0, 31.0], [11.0, 50.0])):
