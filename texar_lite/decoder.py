@@ -153,7 +153,7 @@ def _affine(x, kernel, bias):
     d_x is a BatchMatMulV2 with adj_y, not MatMul with transpose_b: the same
     product, but TF's oneDNN path runs the softmax layer's [400, 10000] x
     [10000, 200] at 170-188 GFLOP/s that way against 147-164 (small step
-    41.3 -> 39.4 ms, six alternating rounds).
+    41.3 -> 39.4 ms, five alternating rounds).
     """
     out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
