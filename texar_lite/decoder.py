@@ -148,8 +148,11 @@ def _affine(x, kernel, bias):
     Backward, d_x comes first: the layer below (the BPTT loop) waits for it,
     whereas the kernel gradient only feeds the update. Left to the executor,
     the two softmax-layer matmuls ran side by side, each at half speed, and
-    the BPTT started after both; ordered, the kernel gradient runs beside
-    the BPTT instead (small step 44 -> 40.5 ms, three alternating rounds).
+    the BPTT started after both; ordered, each runs at full speed and the
+    BPTT can start after d_x (small step 44 -> 40.5 ms, three alternating
+    rounds). The kernel gradient does not truly overlap the BPTT: while it
+    holds the intra-op pool, the BPTT's ops wait. Since d_x became the
+    faster op below, the order gains about 1% (the benchmark's lever row).
     d_x is a BatchMatMulV2 with adj_y, not MatMul with transpose_b: the same
     product, but TF's oneDNN path runs the softmax layer's [400, 10000] x
     [10000, 200] at 170-188 GFLOP/s that way against 147-164 (small step
