@@ -147,7 +147,7 @@ def step_matmuls(config_name, repeats=5, inner=10, vocab_size=10000):
     """
     import tensorflow as tf
 
-    from texar_lite.config import load_config
+    from runtime.config import load_config
     config = load_config(config_name)
     batch, steps, units = config["batch_size"], config["num_steps"], config["hidden_size"]
     tokens, emb, layers = batch * steps, config["emb"]["dim"], config["cell"]["num_layers"]
@@ -247,7 +247,7 @@ def _start_horovod(**context_args):
     the threads hvd.init() started: Horovod's background thread and MPI's helpers)."""
     import horovod.tensorflow as hvd
 
-    from texar_lite import context
+    from runtime import context
     context.apply_horovod_defaults()
     before = _thread_ids()
     hvd.init()
@@ -268,8 +268,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
     """
-    from texar_lite import config as config_lib
-    from texar_lite import context
+    from runtime import config as config_lib
+    from runtime import context
     ctx = context.LocalContext()
     if unsynced_rank:
         # Rank r of n in its rows and threads; every collective a no-op.
@@ -281,7 +281,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     intra, inter = context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
-    from texar_lite import decoder, losses, optimization, trainer
+    from runtime import trainer
+    from texar_lite import decoder, losses, optimization
     if loss == "tf_ops":
         losses.FUSED_LOSS = None  # this worker is a process of its own
     if backward == "unordered":
@@ -346,13 +347,13 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
     allreduce. This is what the transport costs a step when nothing
     competes with it for the cores.
     """
-    from texar_lite import config as config_lib
-    from texar_lite import context
+    from runtime import config as config_lib
+    from runtime import context
     hvd, ctx, _ = _start_horovod()
     context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
-    from texar_lite import trainer
+    from runtime import trainer
     from texar_lite.losses import sequence_sparse_softmax_cross_entropy
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name)
@@ -422,7 +423,7 @@ def worker(argv):
     kind = task.pop("kind")
     under_mpirun = task.get("distributed") or kind == "collectives"
     if kind in ("matmul", "bound"):
-        from texar_lite import context
+        from runtime import context
         context.configure_cpu_threads(1)
     if kind == "matmul":
         result = {}
@@ -846,7 +847,7 @@ def goals(results):
 
 def scaling_rows(results, ranks=(2, 8, 64), bandwidths=(10, 100), latency_us=20.0):
     """Predicted per_worker (weak scaling) steps: (ranks, Gb/s, step ms, efficiency, words/s)."""
-    from texar_lite.config import load_config
+    from runtime.config import load_config
     config = load_config("config_small", ["batch_mode=per_worker"])
     compute = results["small"]["ms_per_step"][0]
     rows = []
@@ -918,7 +919,7 @@ def render(results, command):
 
 
 def _render_scaling(results):
-    from texar_lite.config import load_config
+    from runtime.config import load_config
     config = load_config("config_small", ["batch_mode=per_worker"])
     dense, rows = gradient_bytes(config)
     measured = results["hvd_2x1_per_worker"]

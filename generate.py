@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from ptb_reader import EOS, UNK
-from texar_lite import inference
-from texar_lite.cli import UsageError
+from runtime import inference
+from runtime.cli import UsageError
 
 
 def _sample(logits, temperature, rng):

@@ -3,12 +3,12 @@
     python lm_ptb.py --config config_small --data_path ./data/ptb
     python lm_ptb.py --config config_small --set num_epochs=1 --output_dir out
 
-The loop is texar_lite.trainer.train_and_evaluate; lm_ptb_distributed.py runs
+The loop is runtime.trainer.train_and_evaluate; lm_ptb_distributed.py runs
 the same loop with Horovod.
 """
 import sys
 
-from texar_lite import cli, context
+from runtime import cli, context
 
 
 def main(argv=None):

@@ -5,11 +5,11 @@
     horovodrun -np 2 -H host1:1,host2:1 python lm_ptb_distributed.py --config config_small
 
 Without a launcher it trains serially (world size 1). The loop is
-texar_lite.trainer.train_and_evaluate, the same one lm_ptb.py runs.
+runtime.trainer.train_and_evaluate, the same one lm_ptb.py runs.
 """
 import sys
 
-from texar_lite import cli, context
+from runtime import cli, context
 
 
 def main(argv=None):
@@ -22,7 +22,7 @@ def main(argv=None):
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
     intra, inter = context.configure_cpu_threads(local_size=hvd.local_size())
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
-    # Horovod: 3-4. The context averages gradients and broadcasts rank 0's weights (texar_lite/context.py).
+    # Horovod: 3-4. The context averages gradients and broadcasts rank 0's weights (runtime/context.py).
     ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
     return cli.run(args, ctx, intra, inter, device)
 

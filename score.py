@@ -4,7 +4,7 @@
     python score.py --output_dir output --data_path ./data/ptb --file my.txt --checkpoint best
 
 Without --file it scores the test split. The text is batched and scored as
-training evaluates (texar_lite.trainer.evaluate: the run's batch_size and
+training evaluates (runtime.trainer.evaluate: the run's batch_size and
 num_steps, LSTM state carried across windows, no dropout), so the test split
 under the final checkpoint gives results.json's test_ppl.
 """
@@ -13,8 +13,8 @@ import os
 import sys
 
 import ptb_reader
-from texar_lite import context, inference, trainer
-from texar_lite.cli import UsageError
+from runtime import context, inference, trainer
+from runtime.cli import UsageError
 
 
 def score(trained, ids, name="the text"):

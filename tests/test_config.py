@@ -5,7 +5,7 @@ import os
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb
-from texar_lite.config import ConfigError, load_config
+from runtime.config import ConfigError, load_config
 
 
 def test_zaremba_configs_have_the_published_values():

@@ -385,11 +385,11 @@ def test_sigterm_to_horovodrun_reaches_the_ranks_at_once_and_they_save(tmp_path,
 SAVE_LOOP = """
 import sys
 import tensorflow as tf
-from texar_lite import config as config_lib, optimization
-from texar_lite.checkpointing import TrainCheckpoint
-from texar_lite.context import LocalContext
+from runtime import config as config_lib, optimization
+from runtime.checkpointing import TrainCheckpoint
+from runtime.context import LocalContext
 from texar_lite.model import LanguageModel
-from texar_lite.trainer import BatchPlan
+from runtime.trainer import BatchPlan
 
 config = config_lib.load_config(sys.argv[1], ["cell.kwargs.num_units=512", "emb.dim=512"])
 model = LanguageModel(config, 252, seed=1)

@@ -13,8 +13,8 @@ import generate
 import ptb_reader
 import score
 import synthetic_ptb
-from texar_lite import context, inference, trainer
-from texar_lite.config import load_config
+from runtime import context, inference, trainer
+from runtime.config import load_config
 
 
 @pytest.fixture(scope="module")

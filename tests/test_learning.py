@@ -3,10 +3,10 @@ import pytest
 
 import ptb_reader
 from conftest import TINY_CONFIG
-from texar_lite.config import load_config
-from texar_lite.context import LocalContext
+from runtime.config import load_config
+from runtime.context import LocalContext
 from texar_lite.decoder import default_cell
-from texar_lite.trainer import RunOptions, train_and_evaluate
+from runtime.trainer import RunOptions, train_and_evaluate
 
 
 @pytest.mark.timeout(300)

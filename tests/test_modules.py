@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from texar_lite import optimization
-from texar_lite.config import load_config
+from runtime.config import load_config
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
 from texar_lite.embedder import WordEmbedder

@@ -5,14 +5,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import decoder, logs, losses, optimization
-from texar_lite.config import load_config
-from texar_lite.context import LocalContext
+from runtime import logs
+from texar_lite import decoder, losses, optimization
+from runtime.config import load_config
+from runtime.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
 from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
-from texar_lite.trainer import BatchPlan, _make_train_step
+from runtime.trainer import BatchPlan, _make_train_step
 
 
 def _reference_decoder(dec, inputs, state):

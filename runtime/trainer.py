@@ -1,7 +1,7 @@
 """The one training loop: train_and_evaluate(config, data, ctx, options).
 
 lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
-(texar_lite/context.py), which is where every rank-dependent decision lives.
+(runtime/context.py), which is where every rank-dependent decision lives.
 """
 import dataclasses
 import json
@@ -16,12 +16,13 @@ import numpy as np
 import tensorflow as tf
 
 import ptb_reader
-from texar_lite import logs, optimization
-from texar_lite.checkpointing import TrainCheckpoint
-from texar_lite.config import ConfigError
-from texar_lite.context import weights_digest
+from runtime import logs
+from texar_lite import optimization
+from runtime.checkpointing import TrainCheckpoint
+from runtime.config import ConfigError
+from runtime.context import weights_digest
 from texar_lite.dropout import RowDropout
-from texar_lite.faults import FaultInjector
+from runtime.faults import FaultInjector
 from texar_lite.losses import loss_name, sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 
@@ -49,7 +50,7 @@ class RunOptions:
     max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
     keep_checkpoints: int = 3
     record_step_losses: bool = False  # adds results["step_losses"] (one float per step)
-    fault: str = ""                   # fault injection for tests, see texar_lite/faults.py
+    fault: str = ""                   # fault injection for tests, see runtime/faults.py
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ import sys
 import tensorflow as tf
 
 import ptb_reader
-from texar_lite import config as config_lib
-from texar_lite.checkpointing import CheckpointError
-from texar_lite.cli import ERROR_EXIT, USAGE_EXIT, UsageError
+from runtime import config as config_lib
+from runtime.checkpointing import CheckpointError
+from runtime.cli import ERROR_EXIT, USAGE_EXIT, UsageError
 from texar_lite.model import LanguageModel
 
 

@@ -11,9 +11,9 @@ import sys
 import traceback
 
 import ptb_reader
-from texar_lite import config as config_lib
-from texar_lite import faults, logs, trainer
-from texar_lite.checkpointing import CheckpointError
+from runtime import config as config_lib
+from runtime import faults, logs, trainer
+from runtime.checkpointing import CheckpointError
 
 USAGE_EXIT, ERROR_EXIT = 2, 1
 
