@@ -132,3 +132,95 @@ def test_cli_writes_png(two_runs, tmp_path, capsys):
     assert plot_curves.main([*two_runs, "-o", str(out)]) == 0
     assert capsys.readouterr().out == f"wrote {out}\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# Two more runs with RUN_1's epochs, so that a band of three has a mean that is not its midpoint.
+RUN_1B = [dict(r, train_ppl=t, valid_ppl=v) for r, t, v in zip(RUN_1, (1000.25, 240.125, 150.3), (311.5, 170.0625, 149.7))]
+RUN_1C = [dict(r, train_ppl=t, valid_ppl=v) for r, t, v in zip(RUN_1, (800.0, 260.0, 145.0), (290.0, 200.0, 152.0))]
+# Worked out by hand from RUN_1, RUN_1B and RUN_1C, epoch by epoch: (mean, min, max).
+BAND_TRAIN = ([2712.5 / 3, 750.25 / 3, 435.6 / 3], [800.0, 240.125, 140.3], [1000.25, 260.0, 150.3])
+BAND_VALID = ([903.0 / 3, 550.125 / 3, 453.4 / 3], [290.0, 170.0625, 149.7], [311.5, 200.0, 152.0])
+
+
+@pytest.fixture
+def band_runs(tmp_path):
+    return [write_run(tmp_path / name, records) for name, records in (("a", RUN_1), ("b", RUN_1B), ("c", RUN_1C))]
+
+
+def test_band_stats_are_the_mean_min_and_max_of_each_epoch(band_runs):
+    epochs, stats = plot_curves.band_stats("three", band_runs)
+
+    assert epochs == [1, 2, 3]
+    for curve, expected in (("train_ppl", BAND_TRAIN), ("valid_ppl", BAND_VALID)):
+        for got, want in zip(stats[curve], expected):
+            assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_bands_draw_mean_lines_over_min_max_ranges(band_runs, two_runs, tmp_path):
+    out = str(tmp_path / "bands.png")
+    # The second band is one run, RUN_2 with two epochs: its mean, min and max are the run itself.
+    fig = plot_curves.plot_curves([], out, bands=[("three", band_runs), ("alone", [two_runs[1]])])
+
+    with open(out, "rb") as f:
+        assert struct.unpack(">II", f.read()[16:24]) == (1200, 500)
+    train_ax, valid_ax = fig.axes
+    alone_train = [r["train_ppl"] for r in RUN_2]
+    alone_valid = [r["valid_ppl"] for r in RUN_2]
+    for ax, curve, expected, alone in ((train_ax, "train", BAND_TRAIN, alone_train),
+                                       (valid_ax, "valid", BAND_VALID, alone_valid)):
+        assert ax.get_yscale() == "log"
+        lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+        assert list(lines) == [f"three (3 runs): {curve}", f"alone (1 run): {curve}"]
+        assert lines[f"three (3 runs): {curve}"][0] == [1, 2, 3]
+        assert lines[f"three (3 runs): {curve}"][1] == pytest.approx(expected[0], rel=1e-12)
+        assert lines[f"alone (1 run): {curve}"] == ([1, 2], alone)
+        # Each shaded range is the polygon min(epoch) -> max(epoch): its lowest and
+        # highest y at each epoch are the band's min and max there.
+        three, one = ax.collections
+        assert three.get_label() == f"three: {curve}, min to max"
+        for collection, epochs, low, high in ((three, [1, 2, 3], expected[1], expected[2]),
+                                              (one, [1, 2], alone, alone)):
+            vertices = collection.get_paths()[0].vertices
+            for epoch, lo, hi in zip(epochs, low, high):
+                ys = [y for x, y in vertices if x == epoch]
+                assert min(ys) == pytest.approx(lo, rel=1e-12)
+                assert max(ys) == pytest.approx(hi, rel=1e-12)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+            f"three (3 runs): {curve}", f"three: {curve}, min to max",
+            f"alone (1 run): {curve}", f"alone: {curve}, min to max"]
+
+
+def test_band_runs_must_share_their_epochs(band_runs, two_runs, tmp_path):
+    with pytest.raises(plot_curves.PlotError,
+                       match=r"--band 'mixed': .*small_2ranks has epochs \[1, 2\], .* has \[1, 2, 3\]; a band needs"):
+        plot_curves.plot_curves([], str(tmp_path / "c.png"), bands=[("mixed", [band_runs[0], two_runs[1]])])
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_cli_bands_from_metrics_files_and_a_run_beside_them(band_runs, two_runs, tmp_path, capsys):
+    out = tmp_path / "curves.png"
+    files = [os.path.join(d, "metrics.jsonl") for d in band_runs]
+    assert plot_curves.main(["--band", "1 process", *files, "--band", "2 ranks", two_runs[1], "-o", str(out),
+                             two_runs[0]]) == 0
+    assert capsys.readouterr().out == f"wrote {out}\n"
+    fig = plot_curves.plot_curves([two_runs[0]], str(out), bands=[("1 process", files), ("2 ranks", [two_runs[1]])])
+    assert [line.get_label() for line in fig.axes[1].get_lines()] == [
+        "1 process (3 runs): valid", "2 ranks (1 run): valid", "config_small, 1 rank: valid"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--band", "lonely"], "error: --band 'lonely' has no runs: give a label, then one or more OUTPUT_DIRs\n"),
+    ([], "error: nothing to plot: pass OUTPUT_DIRs or --band LABEL OUTPUT_DIR ...\n"),
+    (["--bands", "x"], "error: unrecognized arguments: --bands (see --help)\n"),
+    (["--band"], "error: argument --band: expected at least one argument (see --help)\n"),
+])
+def test_cli_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = plot_curves.main([*argv, "-o", str(tmp_path / "c.png")])
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", message)
+    assert not (tmp_path / "c.png").exists()
