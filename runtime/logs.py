@@ -188,8 +188,8 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, precis
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
         ("precision", _precision(precision)),
-        ("LSTM cell", _lstm_cell(precision)),
-        ("softmax loss", _softmax_loss()),
+        ("LSTM cell", _lstm_cell(precision, device)),
+        ("softmax loss", _softmax_loss(device)),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -225,20 +225,22 @@ def _precision(precision, cpuinfo="/proc/cpuinfo"):
     return precision
 
 
-def _lstm_cell(precision):
-    from texar_lite import decoder
-    if decoder.default_cell(precision) is decoder.FUSED_CELL:
-        return f"{decoder.FUSED_CELL.name} ({os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
-    if decoder.FUSED_CELL:
-        return f"{decoder.TF_OPS_CELL.name} (the fused kernel is float32 only; precision is {precision})"
-    return f"{decoder.TF_OPS_CELL.name} (the fused kernel is not built: run make setup)"
+# Which ops ran and why, as texar_lite/op_selection.py chose them for this
+# run's device and precision, the same choice that built the model.
+def _lstm_cell(precision, device="CPU"):
+    from texar_lite import decoder, op_selection
+    choice = op_selection.ops_for(device, precision)
+    if choice.fused_cell:
+        return f"{choice.cell} ({choice.cell_reason}: {os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
+    return choice.cell_line
 
 
-def _softmax_loss():
-    from texar_lite import losses
-    if losses.FUSED_LOSS:
-        return f"{losses.loss_name()} ({os.path.relpath(losses.FUSED_LOSS_LIBRARY)})"
-    return f"{losses.loss_name()} (the fused kernel is not built: run make setup)"
+def _softmax_loss(device="CPU", precision="float32"):
+    from texar_lite import losses, op_selection
+    choice = op_selection.ops_for(device, precision)
+    if choice.fused_loss:
+        return f"{choice.loss} ({choice.loss_reason}: {os.path.relpath(losses.FUSED_LOSS_LIBRARY)})"
+    return choice.loss_line
 
 
 def _visible_gpus():

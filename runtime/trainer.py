@@ -51,6 +51,7 @@ class RunOptions:
     keep_checkpoints: int = 3
     record_step_losses: bool = False  # adds results["step_losses"] (one float per step)
     fault: str = ""                   # fault injection for tests, see runtime/faults.py
+    device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)
 
 
 @dataclasses.dataclass
@@ -143,7 +144,7 @@ def _make_train_step(model, optimizer, config, ctx, plan, seed):
         with tf.GradientTape() as tape:
             logits, new_state = model(inputs, state, dropout)
             summed_loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True,
-                                                                average_across_batch=False)
+                                                                average_across_batch=False, device=model.device)
         tape = ctx.wrap_tape(tape)
         grads = tape.gradient(summed_loss, variables)
         # Texar's loss averages over the batch; the 1/rows joins the update.
@@ -161,7 +162,7 @@ def make_eval_step(model):
     @tf.function
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
-        nll = token_cross_entropy(tf.transpose(y), logits)
+        nll = token_cross_entropy(tf.transpose(y), logits, device=model.device)
         return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
 
     return eval_step
@@ -220,7 +221,7 @@ def train_and_evaluate(config, data, ctx, options=None):
 
     # Different seeds per rank on purpose: only the broadcast below makes the
     # ranks agree, and a test checks that it does.
-    model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank)
+    model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     init_digest = weights_digest(model.trainable_variables)
@@ -323,7 +324,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         "global_batch_size": plan.global_batch,
         "seed": opts.seed,
         "lstm_cell": model.decoder.cell.name,
-        "softmax_loss": loss_name(),
+        "softmax_loss": loss_name(opts.device),
         # Lets generate.py and score.py notice a data_path with other words.
         "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,

@@ -1,7 +1,7 @@
 """A multi-layer LSTM decoder with an output layer, from Texar-style `cell` hparams."""
 import tensorflow as tf
 
-from texar_lite import kernels
+from texar_lite import kernels, op_selection
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import HParams
 from texar_lite.initializers import uniform_initializer
@@ -37,13 +37,17 @@ class LSTMDecoder(tf.Module):
     """
 
     def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
-                 cell=None, name="lstm_decoder"):
+                 cell=None, device="CPU", name="lstm_decoder"):
+        """device: where the model runs ("CPU", "GPU:0"); with precision it picks the cell
+        (texar_lite/op_selection.py) unless `cell` is given."""
         super().__init__(name=name)
-        self.cell = cell or default_cell(precision)
+        self.cell = cell or default_cell(precision, device)
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if self.cell is FUSED_CELL and precision != "float32":
             raise ValueError(f"the fused LSTM step is float32 only; precision {precision} needs the TF-ops cell")
+        if self.cell is FUSED_CELL and op_selection.device_type(device) != "CPU":
+            raise ValueError(f"the fused LSTM step is a CPU kernel; device {device} needs the TF-ops cell")
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
         # cell state, the gate nonlinearities and the logits stay fp32.
         self.matmul_dtype = PRECISIONS[precision]
@@ -227,11 +231,11 @@ FUSED_CELL = _FusedCell(_CELL_LIBRARY) if _CELL_LIBRARY else None
 TF_OPS_CELL = _TfOpsCell()
 
 
-def default_cell(precision="float32"):
-    """The fused kernel when scripts/setup.sh has built it and the matmuls are float32, else the TF ops."""
-    if FUSED_CELL and precision == "float32":
-        return FUSED_CELL
-    return TF_OPS_CELL
+def default_cell(precision="float32", device="CPU"):
+    """The fused kernel on CPU when scripts/setup.sh has built it and the matmuls are float32, else the
+    TF ops: op_selection.choose_ops decides."""
+    choice = op_selection.choose_ops(device, precision, cell_built=FUSED_CELL is not None, loss_built=False)
+    return FUSED_CELL if choice.fused_cell else TF_OPS_CELL
 
 
 def _lstm_sequence(projected, c, h, kernel, cell):

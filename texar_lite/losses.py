@@ -1,11 +1,12 @@
 """Texar's default sequence loss."""
 import tensorflow as tf
 
-from texar_lite import kernels
+from texar_lite import kernels, op_selection
 
 # texar_lite/kernels/softmax_xent.cc: the loss and its gradient in one op
 # that sweeps the [N, V] logits once and writes the gradient over them.
-# Without it (setup has not built it) the TF ops below compute the same.
+# Without it (setup has not built it), and on a GPU (it is a CPU kernel),
+# the TF ops below compute the same: op_selection.choose_ops decides.
 FUSED_LOSS_LIBRARY = kernels.library_path("softmax_xent")
 FUSED_LOSS = kernels.load("softmax_xent")
 
@@ -14,7 +15,8 @@ FUSED_LOSS = kernels.load("softmax_xent")
 _SMALLEST_SAFE_PROBABILITY = 1e-30
 
 
-def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True):
+def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True,
+                                          device="CPU"):
     """Cross entropy summed over time and, by default, averaged over the batch.
 
     labels [B, T] int, logits [B, T, V] (or [T, B] and [T, B, V] when
@@ -22,31 +24,37 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, aver
     average_across_batch=True. With average_across_batch=False the loss is
     the plain sum, whose gradient (softmax - onehot) needs no scaling pass
     over the [B*T, V] block: the trainer differentiates that and folds
-    1/batch into the optimizer step.
+    1/batch into the optimizer step. device is where the model runs ("CPU",
+    "GPU:0"): it picks the fused kernel or the TF ops.
     """
     batch_axis = 1 if time_major else 0
     divisor = tf.cast(tf.shape(labels)[batch_axis], logits.dtype) if average_across_batch else tf.ones([], logits.dtype)
     return _summed_cross_entropy(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, logits.shape[-1]]),
-                                 divisor)
+                                 divisor, device)
 
 
-def token_cross_entropy(labels, logits):
+def _use_fused(device):
+    # The logits are float32 under either precision, so only the device and the build matter.
+    return op_selection.ops_for(device).fused_loss
+
+
+def token_cross_entropy(labels, logits, device="CPU"):
     """-log softmax(logits)[labels] per token: labels [...], logits [..., V] (the evaluation loss)."""
-    if FUSED_LOSS is None:
+    if not _use_fused(device):
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     nll, _ = FUSED_LOSS.softmax_cross_entropy_in_place(tf.reshape(logits, [-1, logits.shape[-1]]),
                                                          tf.reshape(labels, [-1]))
     return tf.reshape(nll, tf.shape(labels))
 
 
-def loss_name():
-    """Which softmax loss runs, for the training summary and results.json."""
-    return "fused kernel" if FUSED_LOSS else "TF ops"
+def loss_name(device="CPU"):
+    """Which softmax loss runs on `device`, for the training summary and results.json."""
+    return op_selection.ops_for(device).loss
 
 
-def _summed_cross_entropy(labels, logits, divisor):
+def _summed_cross_entropy(labels, logits, divisor, device="CPU"):
     """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits."""
-    if FUSED_LOSS is None:
+    if not _use_fused(device):
         return _summed_cross_entropy_tf_ops(labels, logits, divisor)
     return _summed_cross_entropy_fused(labels, logits, divisor)
 

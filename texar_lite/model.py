@@ -4,16 +4,22 @@ import tensorflow as tf
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.embedder import WordEmbedder
 from texar_lite.initializers import uniform_initializer
+from texar_lite.op_selection import ops_for
 
 
 class LanguageModel(tf.Module):
-    def __init__(self, config, vocab_size, seed, cell=None, name="lm"):
+    def __init__(self, config, vocab_size, seed, cell=None, device="CPU", name="lm"):
+        """device: where the model runs ("CPU", "GPU:0"). With the precision it picks the LSTM
+        cell and the softmax loss (self.ops, from texar_lite/op_selection.py); `cell` overrides the cell."""
         super().__init__(name=name)
         init = uniform_initializer(config["init_scale"], seed)
+        precision = config.get("precision", "float32")
+        self.device = device
+        self.ops = ops_for(device, precision)
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
             self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init,
-                                       precision=config.get("precision", "float32"), cell=cell)
+                                       precision=precision, cell=cell, device=device)
 
     @property
     def vocab_size(self):

@@ -1,0 +1,112 @@
+"""Which LSTM cell and which softmax loss a run uses: the one place that decides.
+
+The fused ops (texar_lite/kernels/*.cc) are CPU kernels only. Picked on a
+GPU, every LSTM step would run on the host with a copy of its inputs and
+outputs each way, or fail to place. So the choice depends on the device the
+model runs on, not only on whether setup built the libraries:
+
+    cell: fused kernel  on CPU, float32, library built; TF ops otherwise
+    loss: fused kernel  on CPU, library built; TF ops otherwise (the logits
+                        are float32 under either precision)
+
+On a GPU both are TF ops, which TensorFlow runs as GPU kernels. cuDNN's LSTM
+(tf.raw_ops.CudnnRNN) is not used in their place: with these weights it
+computes another function. It adds two bias vectors (input and recurrent)
+where this cell has one, has no forget_bias shift, and expects the gate
+blocks as i, f, c, o where this cell's kernel holds i, j, f, o (TF's
+LSTMBlockCell layout, which the checkpoints store). It could be made equal
+only by a conversion of every weight and checkpoint on the way in and out;
+the TF ops run this very cell, so a checkpoint moves between CPU and GPU
+runs unchanged.
+
+The reasons name the first condition that rules the fused kernel out, in
+this order: the device, the precision, the build (so that a GPU run is never
+told to run make setup for a kernel it would not use anyway).
+"""
+import dataclasses
+import re
+
+FUSED = "fused kernel"
+TF_OPS = "TF ops"
+DEVICE_TYPES = ("CPU", "GPU")
+
+REASON_FUSED_CELL = "built, float32 on CPU"
+REASON_FUSED_LOSS = "built, float32 logits on CPU"
+REASON_GPU = "the fused kernel is CPU-only and this run is on GPU"
+REASON_NOT_BUILT = "the fused kernel is not built: run make setup"
+
+
+def reason_precision(precision):
+    return f"the fused kernel is float32 only; precision is {precision}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpChoice:
+    """cell and loss are FUSED or TF_OPS; each reason says why, in a few words.
+
+    A dataclass, not a tuple: tf.Module would track a tuple attribute as a
+    checkpoint dependency.
+    """
+    device_type: str
+    precision: str
+    cell: str
+    cell_reason: str
+    loss: str
+    loss_reason: str
+
+    @property
+    def fused_cell(self):
+        return self.cell == FUSED
+
+    @property
+    def fused_loss(self):
+        return self.loss == FUSED
+
+    @property
+    def cell_line(self):
+        """The training summary's "LSTM cell" value, e.g. "TF ops (the fused kernel is CPU-only ...)"."""
+        return f"{self.cell} ({self.cell_reason})"
+
+    @property
+    def loss_line(self):
+        return f"{self.loss} ({self.loss_reason})"
+
+
+def device_type(device):
+    """"CPU" or "GPU" from "CPU", "GPU:0", "/device:GPU:0" or a full device name."""
+    found = re.findall(r"(?:^|[/:])(CPU|GPU)(?=$|:)", str(device).upper())
+    if not found:
+        raise ValueError(f"device {device!r}: expected one of {', '.join(DEVICE_TYPES)} (e.g. 'GPU:0')")
+    return found[-1]
+
+
+def choose_ops(device, precision, cell_built, loss_built):
+    """The LSTM cell and softmax loss for a model on `device` ("CPU", "GPU", "GPU:0", ...).
+
+    precision is the config's ("float32" or "mixed_bfloat16"); cell_built and
+    loss_built say whether setup built texar_lite/kernels/lstm_cell.so and
+    softmax_xent.so. Pure: the same arguments give the same OpChoice.
+    """
+    kind = device_type(device)
+    if kind == "GPU":
+        cell, cell_reason = TF_OPS, REASON_GPU
+    elif precision != "float32":
+        cell, cell_reason = TF_OPS, reason_precision(precision)
+    elif not cell_built:
+        cell, cell_reason = TF_OPS, REASON_NOT_BUILT
+    else:
+        cell, cell_reason = FUSED, REASON_FUSED_CELL
+    if kind == "GPU":
+        loss, loss_reason = TF_OPS, REASON_GPU
+    elif not loss_built:
+        loss, loss_reason = TF_OPS, REASON_NOT_BUILT
+    else:
+        loss, loss_reason = FUSED, REASON_FUSED_LOSS
+    return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason)
+
+
+def ops_for(device="CPU", precision="float32"):
+    """choose_ops with what setup built in this checkout (read at call time, so tests may unload an op)."""
+    from texar_lite import decoder, losses
+    return choose_ops(device, precision, cell_built=decoder.FUSED_CELL is not None,
+                      loss_built=losses.FUSED_LOSS is not None)
