@@ -1,0 +1,148 @@
+"""The fused CPU kernels are chosen only where they can run: on CPU, float32 (the cell), built.
+
+One function, texar_lite.op_selection.choose_ops, decides for the decoder, the
+loss and the training summary. These tests need no GPU: a model built for
+device "GPU:0" is traced here on the CPU and must hold no custom op.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from runtime import logs
+from runtime.config import load_config
+from runtime.context import LocalContext
+from runtime.trainer import BatchPlan, _make_train_step, make_eval_step
+from texar_lite import decoder, losses, op_selection, optimization
+from texar_lite.model import LanguageModel
+from texar_lite.op_selection import OpChoice, choose_ops
+
+CUSTOM_OPS = {"LstmStepForward", "LstmStepBackward", "SoftmaxCrossEntropyInPlace"}
+GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
+NOT_BUILT = "the fused kernel is not built: run make setup"
+BF16_REASON = "the fused kernel is float32 only; precision is mixed_bfloat16"
+
+
+def test_gpu_gets_the_tf_ops_for_both_even_when_the_kernels_are_built():
+    choice = choose_ops("GPU:0", "float32", cell_built=True, loss_built=True)
+    assert choice == OpChoice("GPU", "float32", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
+    assert choice.cell_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    assert choice.loss_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    # The device comes first: a GPU run is not told to build a kernel it would not use.
+    assert choose_ops("GPU", "mixed_bfloat16", False, False) == OpChoice(
+        "GPU", "mixed_bfloat16", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
+
+
+def test_cpu_float32_with_the_kernels_built_gets_both_fused_kernels():
+    choice = choose_ops("CPU", "float32", cell_built=True, loss_built=True)
+    assert choice == OpChoice("CPU", "float32", "fused kernel", "built, float32 on CPU",
+                              "fused kernel", "built, float32 logits on CPU")
+    assert (choice.fused_cell, choice.fused_loss) == (True, True)
+    assert choice.cell_line == "fused kernel (built, float32 on CPU)"
+
+
+def test_bf16_on_cpu_gets_the_tf_ops_cell_and_keeps_the_fused_loss():
+    # The logits stay float32 under mixed_bfloat16, so the loss kernel still applies.
+    choice = choose_ops("CPU", "mixed_bfloat16", cell_built=True, loss_built=True)
+    assert choice == OpChoice("CPU", "mixed_bfloat16", "TF ops", BF16_REASON,
+                              "fused kernel", "built, float32 logits on CPU")
+    assert choice.cell_line == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+
+
+def test_cpu_without_the_kernels_built_gets_the_tf_ops_and_says_run_make_setup():
+    assert choose_ops("CPU", "float32", cell_built=False, loss_built=False) == OpChoice(
+        "CPU", "float32", "TF ops", NOT_BUILT, "TF ops", NOT_BUILT)
+    assert choose_ops("CPU", "float32", cell_built=True, loss_built=False) == OpChoice(
+        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", NOT_BUILT)
+
+
+@pytest.mark.parametrize("device, kind", [
+    ("CPU", "CPU"), ("GPU", "GPU"), ("GPU:0", "GPU"), ("gpu:1", "GPU"), ("/device:GPU:0", "GPU"),
+    ("/job:localhost/replica:0/task:0/device:CPU:0", "CPU"),
+])
+def test_device_names_reduce_to_their_type(device, kind):
+    assert op_selection.device_type(device) == kind
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(ValueError, match=r"device 'TPU:0': expected one of CPU, GPU \(e.g. 'GPU:0'\)"):
+        choose_ops("TPU:0", "float32", True, True)
+
+
+def test_this_checkout_has_both_kernels_built():
+    # The machine-level facts the tests below rely on (make setup builds both).
+    assert decoder.FUSED_CELL is not None and losses.FUSED_LOSS is not None
+    assert op_selection.ops_for("CPU") == choose_ops("CPU", "float32", True, True)
+    assert op_selection.ops_for("GPU:0") == choose_ops("GPU:0", "float32", True, True)
+
+
+def test_the_training_summary_names_the_ops_and_why():
+    versions = {"tensorflow": tf.__version__}
+    gpu = logs.training_summary(LocalContext(), 2, 2, "GPU:0", versions, "float32")
+    assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    cpu = logs.training_summary(LocalContext(), 2, 2, "CPU", versions, "float32")
+    assert cpu["LSTM cell"] == "fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so)"
+    assert cpu["softmax loss"] == "fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so)"
+    bf16 = logs.training_summary(LocalContext(), 2, 2, "CPU", versions, "mixed_bfloat16")
+    assert bf16["LSTM cell"] == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+
+
+def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
+    monkeypatch.setattr(losses, "FUSED_LOSS", None)
+    assert logs._softmax_loss("CPU") == "TF ops (the fused kernel is not built: run make setup)"
+    assert losses.loss_name("CPU") == "TF ops"
+
+
+def _traced_op_types(device):
+    """Op types in the train and eval step graphs (nested functions included) of a tiny model on `device`."""
+    config = load_config("tests/config_tiny.py", ["vocab_size=50", "num_steps=3", "batch_size=4"])
+    model = LanguageModel(config, 50, seed=1, device=device)
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    train_step = _make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 1)
+    ids = tf.TensorSpec([4, 3], tf.int32)
+    state = tf.TensorSpec([2, 2, 4, 64], tf.float32)
+    scalar = tf.TensorSpec([], tf.int64)
+    graphs = [train_step.get_concrete_function(ids, ids, state, scalar, scalar, tf.TensorSpec([], tf.float32)),
+              make_eval_step(model).get_concrete_function(ids, ids, state)]
+    types = set()
+    for concrete in graphs:
+        graph_def = concrete.graph.as_graph_def()
+        types.update(node.op for node in graph_def.node)
+        for function in graph_def.library.function:
+            types.update(node.op for node in function.node_def)
+    return model, types
+
+
+def test_a_model_built_for_gpu_runs_no_custom_op():
+    model, types = _traced_op_types("GPU:0")
+    assert model.decoder.cell is decoder.TF_OPS_CELL and model.decoder.cell.name == "TF ops"
+    assert model.ops == choose_ops("GPU:0", "float32", True, True)
+    assert (model.ops.cell, model.ops.loss) == ("TF ops", "TF ops")
+    assert types & CUSTOM_OPS == set()
+    assert {"MatMul", "Sigmoid", "Tanh", "Softmax", "SparseSoftmaxCrossEntropyWithLogits"} <= types
+
+
+def test_a_model_built_for_cpu_runs_the_custom_ops():
+    # The control for the test above: the same trace on CPU does find them.
+    model, types = _traced_op_types("CPU")
+    assert model.decoder.cell is decoder.FUSED_CELL and model.decoder.cell.name == "fused kernel"
+    assert types & CUSTOM_OPS == CUSTOM_OPS
+
+
+def test_the_fused_cell_is_refused_for_a_gpu_model():
+    with pytest.raises(ValueError, match="the fused LSTM step is a CPU kernel; device GPU:0 needs the TF-ops cell"):
+        decoder.LSTMDecoder(input_size=4, vocab_size=7, hparams={"kwargs": {"num_units": 3}},
+                            cell=decoder.FUSED_CELL, device="GPU:0")
+
+
+def test_the_loss_for_gpu_equals_the_fused_loss():
+    # Same numbers both ways: the choice changes the speed, not the model.
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=(3, 2, 11)), tf.float32)
+    labels = tf.constant(rng.integers(0, 11, size=(3, 2)), tf.int32)
+    on_gpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, device="GPU:0")
+    on_cpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, device="CPU")
+    np.testing.assert_allclose(float(on_gpu), float(on_cpu), rtol=1e-6)
+    np.testing.assert_allclose(losses.token_cross_entropy(labels, logits, device="GPU:0").numpy(),
+                               losses.token_cross_entropy(labels, logits, device="CPU").numpy(), rtol=1e-6)
