@@ -1,15 +1,19 @@
 #!/bin/sh
-# The README's real-PTB comparison: 13-epoch config_small, one process and then
-# 2 Horovod ranks over TCP, for each seed given, one run at a time.
+# A pair of the README's real-PTB comparison: 13-epoch config_small in float32,
+# one process and then 2 Horovod ranks over TCP, for each seed given, one run at
+# a time.
 #
-#   scripts/real_ptb_runs.sh [DATA_DIR] [SEED ...]     (defaults: ../shared/data/ptb, seed 1234)
+#   scripts/real_ptb_runs.sh [DATA_DIR] [SEED ...]     (defaults: ./data/ptb, seed 1234)
 #
-# Each run writes runs/small_{1rank,2rank}_seedN/ (train.log, metrics.jsonl,
-# results.json) and runs/small_*_seedN.out. Started again after a stop, it skips
-# finished runs and resumes a stopped one from its last epoch checkpoint.
+# Each run writes runs/small_{1,2}rank_fp32_seedN/ (metrics.jsonl, results.json,
+# checkpoints), its log runs/small_{1,2}rank_fp32_seedN.log and its console
+# output runs/small_{1,2}rank_fp32_seedN.out; the names follow results/README.md.
+# PTB is downloaded into DATA_DIR when it is not there. Started again after a
+# stop, the script skips finished runs and resumes a stopped one from its last
+# epoch checkpoint.
 set -u
 cd "$(dirname "$0")/.."
-data=${1:-../shared/data/ptb}
+data=${1:-./data/ptb}
 [ $# -gt 0 ] && shift
 seeds=${*:-1234}
 PATH=$PWD/.venv/bin:$PATH
@@ -17,7 +21,7 @@ export PATH
 mkdir -p runs
 for seed in $seeds; do
   for ranks in 1 2; do
-    out=runs/small_${ranks}rank_seed$seed
+    out=runs/small_${ranks}rank_fp32_seed$seed
     if [ -f "$out/results.json" ]; then
       echo "skip $out (finished)"
       continue
