@@ -1,6 +1,7 @@
 # make demo   2-rank Horovod training on the bundled synthetic corpus (installs what is missing)
 # make test   the whole test suite (installs what is missing)
 # make setup  only the install step; a second run skips finished steps in seconds
+# make setup GPU=1  the CUDA variant: tensorflow[and-cuda] and Horovod with NCCL (not run on the CPU-only dev machines)
 # make bench  the speed benchmark (writes BENCHMARKS.md); builds .venv-torch for the PyTorch reference
 PY := .venv/bin/python
 MPIRUN := mpirun --allow-run-as-root --oversubscribe -bind-to none -map-by slot \
@@ -10,8 +11,10 @@ TORCH_VENV := .venv-torch
 
 .PHONY: setup test demo bench synthetic clean
 
+GPU ?= 0
+
 setup:
-	@bash scripts/setup.sh
+	@GPU=$(GPU) bash scripts/setup.sh
 
 $(SYNTH)/ptb.train.txt: synthetic_ptb.py | setup
 	$(PY) synthetic_ptb.py $(SYNTH)

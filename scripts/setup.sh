@@ -2,12 +2,21 @@
 # Idempotent install: Open MPI + build tools (Debian), .venv with the pinned
 # packages, and Horovod 0.28.1 built against the pinned TensorFlow.
 # A second run checks each step and skips it in seconds.
+#
+# GPU=1 (make setup GPU=1) installs the CUDA build of the same TensorFlow,
+# tensorflow[and-cuda]==2.15.1, in place of tensorflow-cpu, and builds Horovod
+# with NCCL for the GPU collectives (HOROVOD_GPU_OPERATIONS=NCCL; it needs the
+# CUDA toolkit, nvcc, under CUDA_HOME, and NCCL where Horovod's build finds it,
+# or under HOROVOD_NCCL_HOME). The project's machines have no GPU: this
+# variant has not been run there. Without GPU=1 nothing below changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 HOROVOD_VERSION=0.28.1
 VENV=.venv
 PY=${PYTHON:-python3}
+GPU=${GPU:-0}
+[ "$GPU" = 1 ] || GPU=0
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -35,10 +44,25 @@ fi
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
 req_hash=$(sha256sum requirements.txt | cut -c1-16)
 stamp="$VENV/.requirements-$req_hash"
+if [ "$GPU" = 1 ]; then stamp="$VENV/.requirements-gpu-$req_hash"; fi
 if [ ! -f "$stamp" ]; then
     say "installing pinned packages (requirements.txt)"
     "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-    "$VENV/bin/pip" install -q -r requirements.txt
+    if [ "$GPU" = 1 ]; then
+        # The same pins with TensorFlow's CUDA build, which brings the CUDA,
+        # cuDNN and NCCL libraries as wheels. tensorflow-cpu and tensorflow
+        # install the same package folder, so the other one goes first.
+        say "GPU=1: tensorflow[and-cuda] in place of tensorflow-cpu"
+        "$VENV/bin/pip" uninstall -q -y tensorflow-cpu 2>/dev/null || true
+        sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' requirements.txt >"$VENV/requirements-gpu.txt"
+        "$VENV/bin/pip" install -q -r "$VENV/requirements-gpu.txt"
+    else
+        # Back from a GPU=1 venv: its tensorflow would shadow tensorflow-cpu.
+        if ls "$VENV"/.requirements-gpu-* >/dev/null 2>&1; then
+            "$VENV/bin/pip" uninstall -q -y tensorflow 2>/dev/null || true
+        fi
+        "$VENV/bin/pip" install -q -r requirements.txt
+    fi
     rm -f "$VENV"/.requirements-*
     touch "$stamp"
 else
@@ -48,13 +72,28 @@ fi
 # 3. Horovod, built from source against this venv's TensorFlow. pip caches the
 #    built wheel, so a fresh venv with the same TensorFlow reuses it.
 hvd_ok() {
-    "$VENV/bin/python" - <<'PY' 2>/dev/null
+    GPU=$GPU "$VENV/bin/python" - <<'PY' 2>/dev/null
+import os
 import horovod, horovod.tensorflow as hvd
 assert horovod.__version__ == "0.28.1", horovod.__version__
 assert hvd.mpi_built() and hvd.gloo_built(), "horovod built without MPI or Gloo"
+assert os.environ["GPU"] != "1" or hvd.nccl_built(), "horovod built without NCCL"
 PY
 }
-if ! hvd_ok; then
+if [ "$GPU" = 1 ] && ! hvd_ok; then
+    cuda_home=${CUDA_HOME:-/usr/local/cuda}
+    [ -x "$cuda_home/bin/nvcc" ] || command -v nvcc >/dev/null || {
+        echo "setup: GPU=1 builds Horovod with NCCL, which needs the CUDA toolkit: no nvcc in $cuda_home/bin or on PATH; set CUDA_HOME" >&2
+        exit 1
+    }
+    say "GPU=1: building horovod==$HOROVOD_VERSION with TensorFlow, MPI, Gloo and NCCL"
+    # --no-cache-dir and --force-reinstall: a cached or installed CPU build would be taken as is.
+    HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        "$VENV/bin/pip" install -q --no-build-isolation --no-cache-dir --force-reinstall "horovod==$HOROVOD_VERSION"
+    hvd_ok || { echo "setup: horovod installed but lacks TensorFlow, MPI, Gloo or NCCL support; see 'horovodrun --check-build'" >&2; exit 1; }
+elif ! hvd_ok; then
     say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 2 minutes the first time)"
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
@@ -68,9 +107,13 @@ fi
 #    the one-pass softmax loss), compiled against this venv's TensorFlow. The
 #    stamp names the sources and the pins, so editing any of them rebuilds.
 #    Without an op the model runs TF ops in its place (same numbers, slower)
-#    and the training summary says so.
+#    and the training summary says so. GPU=1 builds them too: they are CPU
+#    kernels, never picked for a GPU (texar_lite/op_selection.py), but the
+#    same venv trains on a host without a GPU, where they are the fast path.
 kernels=texar_lite/kernels
 kernel_hash=$(cat "$kernels"/*.cc requirements.txt | sha256sum | cut -c1-16)
+# Built against the other TensorFlow package, so a switch rebuilds them.
+if [ "$GPU" = 1 ]; then kernel_hash=$(printf '%s GPU=1' "$kernel_hash" | sha256sum | cut -c1-16); fi
 built=1
 for source in "$kernels"/*.cc; do [ -f "${source%.cc}.so" ] || built=0; done
 if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then

@@ -146,3 +146,14 @@ def test_the_loss_for_gpu_equals_the_fused_loss():
     np.testing.assert_allclose(float(on_gpu), float(on_cpu), rtol=1e-6)
     np.testing.assert_allclose(losses.token_cross_entropy(labels, logits, device="GPU:0").numpy(),
                                losses.token_cross_entropy(labels, logits, device="CPU").numpy(), rtol=1e-6)
+
+
+def test_setup_script_parses_and_make_passes_the_gpu_switch():
+    # The GPU=1 variant cannot run on these CPU-only machines: a syntax check and the switch's plumbing.
+    import subprocess
+    from conftest import ROOT
+    assert subprocess.run(["bash", "-n", "scripts/setup.sh"], cwd=ROOT, capture_output=True).returncode == 0
+    dry = subprocess.run(["make", "-n", "setup", "GPU=1"], cwd=ROOT, capture_output=True, text=True)
+    assert dry.stdout.strip() == "GPU=1 bash scripts/setup.sh"
+    dry = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert dry.stdout.strip() == "GPU=0 bash scripts/setup.sh"
