@@ -4,6 +4,8 @@ One function, texar_lite.op_selection.choose_ops, decides for the decoder, the
 loss and the training summary. These tests need no GPU: a model built for
 device "GPU:0" is traced here on the CPU and must hold no custom op.
 """
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -157,3 +159,20 @@ def test_setup_script_parses_and_make_passes_the_gpu_switch():
     assert dry.stdout.strip() == "GPU=1 bash scripts/setup.sh"
     dry = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert dry.stdout.strip() == "GPU=0 bash scripts/setup.sh"
+
+
+def test_a_run_given_a_gpu_device_trains_with_the_tf_ops_end_to_end(tmp_path, synthetic_corpus, capsys):
+    # lm_ptb.py passes "GPU:0" when context.pin_gpu found a GPU. Here the device string alone
+    # reaches cli.run (the ops then execute on the CPU), which shows that the choice follows it.
+    import json
+    from conftest import TINY_CONFIG
+    from runtime import cli
+    out = tmp_path / "out"
+    args = cli.parse_args(["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(out),
+                           "--max_steps_per_epoch", "3", "--set", "num_epochs=1"])
+    assert cli.run(args, LocalContext(), 2, 2, "GPU:0") == 0
+    results = json.loads((out / "results.json").read_text())
+    assert (results["lstm_cell"], results["softmax_loss"]) == ("TF ops", "TF ops")
+    printed = capsys.readouterr().out
+    for row in ("LSTM cell", "softmax loss"):
+        assert re.search(rf"{row} +TF ops \(the fused kernel is CPU-only and this run is on GPU\)\n", printed), row
