@@ -73,19 +73,27 @@ def test_decoder_matches_autodiff_reference(forget_bias, cell):
                                    rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_steps", [1, 7])
+@pytest.mark.parametrize("num_steps", [3, 7])
 def test_time_chunks_give_the_outputs_and_dropout_of_one_pass(monkeypatch, num_steps):
+    # At least 3 steps: the chunk count is clamped to num_steps, and 1 step would run 1 chunk thrice.
     dec = LSTMDecoder(input_size=6, vocab_size=13, hparams={"kwargs": {"num_units": 8}, "num_layers": 2,
                                                             "dropout": {"output_keep_prob": 0.5}})
     rng = np.random.default_rng(2)
     inputs = tf.constant(rng.normal(size=(num_steps, 3, 6)).astype(np.float32))
     state = tf.constant(rng.normal(size=(2, 2, 3, 8)).astype(np.float32))
     weights = tf.constant(rng.normal(size=(num_steps, 3, 13)).astype(np.float32))
-    runs = {}
+    runs, sequences = {}, []
+    lstm_sequence = decoder._lstm_sequence
+    monkeypatch.setattr(decoder, "_lstm_sequence", lambda *args: sequences.append(args[0].shape[0])
+                        or lstm_sequence(*args))
     for chunks in (1, 2, 3):
         monkeypatch.setattr(decoder, "TIME_CHUNKS", chunks)
         dropout = RowDropout(5, 0, 1, row_offset=0, global_rows=3)
+        sequences.clear()
         runs[chunks] = _outputs_and_grads(lambda x, s: dec(x, s, dropout), dec, inputs, state, weights)
+        # One recurrent loop per layer and chunk, the chunks' lengths covering the steps.
+        assert len(sequences) == 2 * chunks, (chunks, sequences)
+        assert sum(sequences) == 2 * num_steps and max(sequences) - min(sequences) <= 1, sequences
     for chunks in (2, 3):
         for got, want in zip(runs[chunks], runs[1]):
             np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(),
@@ -271,9 +279,11 @@ def test_fused_loss_overwrites_only_logits_nothing_else_reads():
     kept, backprop = kept_and_grad(base / 2.0)
     np.testing.assert_array_equal(kept.numpy(), base.numpy())
     np.testing.assert_allclose(backprop.numpy(), expected_grad.numpy(), atol=1e-6)
-    # Eagerly the caller holds the logits, so they are never overwritten.
+    # Eagerly the caller holds the logits, so they are never overwritten:
+    # compared with a copy taken before the call, not with the buffer itself.
+    before = base.numpy().copy()
     losses.FUSED_LOSS.softmax_cross_entropy_in_place(base, labels)
-    np.testing.assert_array_equal(base.numpy(), (base / 2.0 * 2.0).numpy())
+    np.testing.assert_array_equal(base.numpy(), before)
 
 
 def test_fused_loss_rejects_labels_outside_the_vocabulary():
@@ -366,10 +376,16 @@ def test_gradient_clipping_at_a_nan_norm_poisons_the_update_as_tensorflow_does()
     assert np.isnan(dense.numpy()).all()
 
 
-def _losses(precision, steps=4):
+def _losses(precision, steps=4, initial=None):
+    """Trains the tiny model `steps` steps on random tokens; returns (losses, model).
+
+    `initial`, a list, gets the weights before training.
+    """
     config = load_config("tests/config_tiny.py", [f"precision={precision}", "vocab_size=200"])
     rng = np.random.default_rng(3)
     model = LanguageModel(config, 200, seed=5)
+    if initial is not None:
+        initial.extend(var.numpy().copy() for var in model.trainable_variables)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     step = _make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 5)
@@ -394,11 +410,28 @@ def test_gradient_order_changes_no_value(monkeypatch):
 
 
 def test_mixed_bfloat16_trains_close_to_float32():
-    fp32, _ = _losses("float32")
-    bf16, model = _losses("mixed_bfloat16")
+    # The loss on random tokens barely moves in 4 steps, so it cannot tell
+    # broken bf16 gradients from good ones: the weight updates w - w0 can.
+    # Per variable, so that one variable's broken gradient is not hidden by
+    # the others: a zeroed gradient gives a relative difference of 1 (and a
+    # cosine of 0 or NaN), a wrong sign a cosine of -1 and a difference of 2,
+    # a gradient half or double its size a difference of 0.5 or 1.
+    fp32_start, bf16_start = [], []
+    fp32, fp32_model = _losses("float32", initial=fp32_start)
+    bf16, model = _losses("mixed_bfloat16", initial=bf16_start)
     assert all(var.dtype == tf.float32 for var in model.trainable_variables)
     np.testing.assert_allclose(bf16, fp32, rtol=1e-2)
     assert bf16 != fp32  # the bf16 matmuls did run
+    assert len(fp32_start) == len(bf16_start) == len(model.trainable_variables) >= 8
+    for w0, w0_bf16, var, var_fp32 in zip(fp32_start, bf16_start, model.trainable_variables,
+                                          fp32_model.trainable_variables):
+        np.testing.assert_array_equal(w0_bf16, w0)  # the same start
+        want = (var_fp32.numpy() - w0).ravel().astype(np.float64)
+        got = (var.numpy() - w0).ravel().astype(np.float64)
+        assert np.linalg.norm(want) > 0, var.name
+        cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        difference = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert cosine > 0.99 and difference < 0.05, (var.name, cosine, difference)
 
 
 def test_bench_analytic_model_and_timeline_parsing(tmp_path):
