@@ -1,10 +1,13 @@
 """Config modules, --set overrides and the command line's answers to bad input."""
+import argparse
 import json
 import os
+import re
 
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb
+from runtime import cli
 from runtime.config import ConfigError, load_config
 
 
@@ -75,12 +78,31 @@ def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthet
     assert not os.path.exists(tmp_path / "results.json")
 
 
+COMMON_OPTIONS = ["-h", "--help", "--config", "--data_path", "--output_dir", "--set", "--seed", "--resume",
+                  "--keep_checkpoints", "--max_steps_per_epoch", "--record_step_losses", "-l", "--log-path"]
+HOROVOD_OPTIONS = ["--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--hang_timeout"]
+
+
+def _assert_help_documents(parser, text, options):
+    """Every option the parser shows is `options`, each named in `text` with its whole help."""
+    shown = [a for a in parser._actions if a.help != argparse.SUPPRESS]
+    assert [flag for action in shown for flag in action.option_strings] == options
+    flat = re.sub(r"\s+", "", text)  # argparse wraps lines, at spaces and hyphens
+    for action in shown:
+        for flag in action.option_strings:
+            assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", text), flag
+        assert action.help and re.sub(r"\s+", "", action.help) in flat, action.option_strings
+
+
 @pytest.mark.timeout(120)
 def test_cli_help_documents_every_option():
     result = lm_ptb(["--help"], timeout=100)
     assert result.returncode == 0
-    for flag in ("--config", "--data_path", "--output_dir", "--set", "--seed", "--resume", "--log-path"):
-        assert flag in result.stdout
+    _assert_help_documents(cli.build_parser(distributed=False), result.stdout, COMMON_OPTIONS)
+    assert "--eval_mode" not in result.stdout and "--fault" not in result.stdout
+    # lm_ptb_distributed.py prints this parser's help; it adds the Horovod group.
+    parser = cli.build_parser(distributed=True)
+    _assert_help_documents(parser, parser.format_help(), COMMON_OPTIONS + HOROVOD_OPTIONS)
 
 
 @pytest.mark.timeout(200)
