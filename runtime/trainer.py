@@ -179,16 +179,24 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size):
     return total, tokens
 
 
-def evaluate(model, eval_step, data, config, ctx, eval_mode):
-    """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank."""
+def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None):
+    """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank.
+
+    A `counts` dict gets "tokens": the tokens this rank scored (in chief
+    mode all of them on rank 0, 0 elsewhere).
+    """
     batch, steps = config["batch_size"], config["num_steps"]
+    counts = {} if counts is None else counts
+    counts["tokens"] = 0
     if eval_mode == "distributed":
         nll, tokens = _score(eval_step, model, data, batch, steps, ctx.rank, ctx.size)
+        counts["tokens"] = tokens
         summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
         return math.exp(float(summed[0]) / float(summed[1]))
 
     def on_chief():
         nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1)
+        counts["tokens"] = tokens
         return math.exp(nll / tokens)
 
     return ctx.run_on_chief(on_chief)
@@ -246,6 +254,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         _atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
                       "".join(json.dumps(m) + "\n" for m in metrics))
 
+    valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
     with _Signals() as signals:
         for epoch in range(progress["epoch"], epochs):
             lr = optimization.learning_rate_at_epoch(config["opt"], epoch) * plan.lr_scale
@@ -294,7 +303,7 @@ def train_and_evaluate(config, data, ctx, options=None):
                              (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
             seconds = elapsed + time.perf_counter() - tick
             train_ppl = math.exp(costs / epoch_size / num_steps)
-            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode)
+            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode, counts=valid_counts)
             wps = epoch_size * plan.global_batch * num_steps / seconds
             record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
                       "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
@@ -331,6 +340,10 @@ def train_and_evaluate(config, data, ctx, options=None):
         "versions": versions(ctx),
         "weights_digest_per_rank": final_digests,
         "init_digests_per_rank": digests,
+        "eval_mode": opts.eval_mode,
+        "sparse_as_dense": bool(getattr(ctx, "sparse_as_dense", False)),
+        # Each rank's scored tokens in the last validation (None without one); every rank gathers.
+        "eval_tokens_per_rank": ctx.allgather_object(valid_counts.get("tokens"), name="eval_tokens"),
         "hparams": {k: v for k, v in config.items() if k != "name"},
     }
     if opts.record_step_losses:
