@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import ptb_reader
+from runtime.config import load_config
 from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, lm_ptb, mpirun, run_command
 
 pytestmark = pytest.mark.timeout(400)
@@ -33,8 +35,19 @@ def _weights(out):
     return {n: reader.get_tensor(n) for n in names}
 
 
+def _valid_tokens(data):
+    """Tokens one validation scores: whole [batch_size, num_steps] windows of ptb.valid.txt."""
+    config = load_config(TINY_CONFIG)
+    batch, steps = config["batch_size"], config["num_steps"]
+    valid = ptb_reader.load_ptb(data).valid
+    tokens = ptb_reader.num_steps_per_epoch(len(valid), batch, steps) * batch * steps
+    assert 0 < tokens <= len(valid) - 1
+    return tokens
+
+
 def _assert_same_training(single_out, multi_out):
     single, multi = _results(single_out), _results(multi_out)
+    assert single["world_size"] == 1 and multi["world_size"] == 2
     assert len(single["step_losses"]) == len(multi["step_losses"]) == STEPS
     np.testing.assert_allclose(multi["step_losses"], single["step_losses"], rtol=1e-5)
     w1, w2 = _weights(single_out), _weights(multi_out)
@@ -67,7 +80,12 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
     after = [d["after_broadcast"] for d in multi["init_digests_per_rank"]]
     assert before[0] != before[1]
     assert after[0] == after[1] == before[0]
+    assert len(multi["weights_digest_per_rank"]) == 2
     assert multi["weights_digest_per_rank"][0] == multi["weights_digest_per_rank"][1]
+    # The defaults: rank 0 scores every validation token alone, gradients stay sparse.
+    assert multi["eval_mode"] == "chief" and multi["sparse_as_dense"] is False
+    assert multi["eval_tokens_per_rank"] == [_valid_tokens(data), 0]
+    assert _results(single_run)["eval_tokens_per_rank"] == [_valid_tokens(data)]
 
 
 def test_horovodrun_gloo_matches_one_process(tmp_path, synthetic_corpus, single_run):
@@ -99,6 +117,10 @@ def test_distributed_evaluation_equals_rank_zero_alone(tmp_path, synthetic_corpu
     multi = _assert_same_training(single_run, tmp_path)
     # Summed in another order than rank 0 alone: equal to float64 rounding.
     assert multi["valid_ppl"] == pytest.approx(_results(single_run)["valid_ppl"], rel=1e-7)
+    # Each rank scored its own half of the rows, not all of them, and not rank 0 alone.
+    tokens = _valid_tokens(data)
+    assert multi["eval_mode"] == "distributed"
+    assert multi["eval_tokens_per_rank"] == [tokens // 2, tokens // 2]
 
 
 @pytest.mark.parametrize("mode, scale", [("linear", 2.0), ("sqrt", 2 ** 0.5), ("none", 1.0), ("auto", 2.0)])
@@ -143,7 +165,8 @@ def test_oversubscribed_ranks_finish(tmp_path, synthetic_corpus, np_):
     assert result.returncode == 0, result.stderr
     results = _results(tmp_path)
     assert results["world_size"] == np_
-    assert len(set(results["weights_digest_per_rank"])) == 1
+    digests = results["weights_digest_per_rank"]
+    assert len(digests) == np_ and len(set(digests)) == 1, digests
 
 
 def test_no_stall_warning_while_rank_zero_evaluates(tmp_path, synthetic_corpus):
@@ -160,8 +183,11 @@ def test_no_stall_warning_while_rank_zero_evaluates(tmp_path, synthetic_corpus):
     assert "waiting for remainder of ranks" not in result.stderr
     times = [line.split()[0] for line in (tmp_path / "log").read_text().splitlines()
              if "valid perplexity" in line or "test perplexity" in line or "1.000 perplexity" in line]
+    assert len(times) == 3, times  # end of training, validation, test
+    # The log has HH:MM:SS only: a step back in time is a midnight passed (the run is minutes long).
     seconds = [int(t[:2]) * 3600 + int(t[3:5]) * 60 + int(t[6:8]) for t in times]
-    assert seconds[1] - seconds[0] > 4, "validation was too quick to prove anything"
+    validation = (seconds[1] - seconds[0]) % 86400
+    assert validation > 4, f"validation was too quick to prove anything: {times}"
 
 
 def test_collect_mode_brings_every_rank_to_rank_zero_log(tmp_path, synthetic_corpus):
@@ -241,7 +267,8 @@ def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, sin
     data, _ = synthetic_corpus
     result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"])
     assert result.returncode == 0, result.stderr
-    _assert_same_training(single_run, tmp_path)
+    # The flag reached the context that builds hvd.DistributedGradientTape.
+    assert _assert_same_training(single_run, tmp_path)["sparse_as_dense"] is True
 
 
 def test_fp16_allreduce_stays_close(tmp_path, synthetic_corpus, single_run):
