@@ -75,6 +75,7 @@ class TrainCheckpoint:
         A failed write (disk full, say) raises CheckpointError on every rank,
         so no rank waits in a collective for one that has given up.
         """
+        self.ctx.watch("checkpoint", f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}")
         global_state = self._global_state(state) if state is not None else None
 
         def write():

@@ -14,6 +14,7 @@ import ptb_reader
 from runtime import config as config_lib
 from runtime import faults, logs, trainer
 from runtime.checkpointing import CheckpointError
+from runtime.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
 
 USAGE_EXIT, ERROR_EXIT = 2, 1
 
@@ -23,6 +24,16 @@ LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_
 
 class UsageError(ValueError):
     """A bad command-line value other than the config (paths, flags)."""
+
+
+def hang_timeout(text):
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if seconds != 0 and seconds < 5:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no watchdog) or at least 5 seconds")
+    return seconds
 
 
 def build_parser(distributed):
@@ -62,13 +73,17 @@ def build_parser(distributed):
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
         group.add_argument("--sparse_as_dense", action="store_true",
                            help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
+        group.add_argument("--hang_timeout", type=hang_timeout, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                           help="end the job when a rank goes silent or no rank makes progress for this long "
+                                f"(a cut link, a stopped or stuck rank, a dead launcher); exit status {HANG_EXIT}. "
+                                "0 turns the watchdog off")
     return parser
 
 
 def parse_args(argv=None, distributed=False):
     args = build_parser(distributed).parse_args(argv)
-    for name, default in (("mpi_log", "master"), ("eval_mode", "chief"),
-                          ("fp16_allreduce", False), ("sparse_as_dense", False)):
+    for name, default in (("mpi_log", "master"), ("eval_mode", "chief"), ("fp16_allreduce", False),
+                          ("sparse_as_dense", False), ("hang_timeout", 0)):
         if not hasattr(args, name):
             setattr(args, name, default)
     return args
@@ -180,6 +195,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
     # collector collectively; after a one-rank failure that would hang.
     in_step = True
     try:
+        ctx.start_watchdog(args.hang_timeout)
         failure, prepared = None, None
         try:
             prepared = _prepare(args, ctx)
@@ -223,8 +239,13 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
         if not ctx.distributed:
             raise
         # One failing rank shuts Horovod down under the others: they say so in
-        # one line and leave the traceback to the rank that failed.
+        # one line and leave the traceback to the rank that failed. Gloo's own
+        # timeout shuts it down too, and then the watchdog knows why.
         if "Horovod has been shut down" in str(err):
+            report = ctx.hang_report()
+            if report:
+                _error_line(f"error (rank {ctx.rank}): {report}")
+                return HANG_EXIT
             _error_line(f"error (rank {ctx.rank}): stopping because another rank failed; its error is above")
         else:
             traceback.print_exc()
@@ -234,5 +255,6 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
         in_step = False
         raise
     finally:
+        ctx.stop_watchdog()
         rank_logging.close(collective=in_step)
 

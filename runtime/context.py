@@ -10,15 +10,17 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from runtime.watchdog import Watchdog
 
 
-def heartbeat_seconds():
+def heartbeat_seconds(hang_timeout=0.0):
     """While rank 0 evaluates alone, the other ranks wait in a chain of tiny
-    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s),
-    instead of one collective that would sit unanswered long enough to warn.
+    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s) and
+    per --hang_timeout, instead of one collective that would sit unanswered
+    long enough to warn, or to look like a hang to the watchdog.
     """
     stall = float(os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", 60))
-    return min(5.0, stall / 4)
+    return min(5.0, stall / 4, *([hang_timeout / 4] if hang_timeout else []))
 
 
 class LocalContext:
@@ -66,6 +68,24 @@ class LocalContext:
     def versions(self):
         return {"horovod": None, "mpi": None}
 
+    # One process cannot hang on a peer: the watchdog calls do nothing.
+    def start_watchdog(self, timeout_s):
+        del timeout_s
+
+    def stop_watchdog(self):
+        pass
+
+    def watch(self, phase, where="", slow=False):
+        """Tells the watchdog what this rank does now; entering a phase is progress."""
+        del phase, where, slow
+
+    def beat(self):
+        """Tells the watchdog that this rank made progress inside a long phase."""
+
+    def hang_report(self):
+        """What the watchdog saw went wrong, or None."""
+        return None
+
 
 class HorovodContext(LocalContext):
     distributed = True
@@ -79,6 +99,7 @@ class HorovodContext(LocalContext):
         self.is_chief = self.rank == 0
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
+        self.watchdog = None
 
     def wrap_tape(self, tape):
         # Horovod: 3. Average the gradients over all ranks before they are
@@ -121,17 +142,18 @@ class HorovodContext(LocalContext):
         if not self.is_chief:
             while True:
                 status = send(0.0)
+                self.beat()
                 if status == 1.0:
                     return self.broadcast_object(None, name="chief_result")
                 if status == 2.0:
                     raise RuntimeError("rank 0 failed while working alone; see its log")
         done = threading.Event()
 
-        def beat():
-            while not done.wait(heartbeat_seconds()):
+        def heartbeat():
+            while not done.wait(heartbeat_seconds(self.watchdog.timeout if self.watchdog else 0)):
                 send(0.0)
 
-        thread = threading.Thread(target=beat, daemon=True)
+        thread = threading.Thread(target=heartbeat, daemon=True)
         thread.start()
         try:
             result = compute()
@@ -144,6 +166,30 @@ class HorovodContext(LocalContext):
         thread.join()
         send(1.0)
         return self.broadcast_object(result, name="chief_result")
+
+    def start_watchdog(self, timeout_s):
+        if not timeout_s:
+            return
+        self.watchdog = Watchdog(self.rank, self.size, timeout_s)
+        # Started before the exchange, so that a rank that never joins it
+        # (or a launcher that dies meanwhile) is caught too.
+        self.watchdog.start()
+        self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
+
+    def stop_watchdog(self):
+        if self.watchdog:
+            self.watchdog.stop()
+
+    def watch(self, phase, where="", slow=False):
+        if self.watchdog:
+            self.watchdog.enter(phase, where, slow)
+
+    def beat(self):
+        if self.watchdog:
+            self.watchdog.beat()
+
+    def hang_report(self):
+        return self.watchdog.report() if self.watchdog else None
 
     def versions(self):
         mpi = None

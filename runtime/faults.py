@@ -2,14 +2,15 @@
 
 --fault "rank=1,epoch=1,step=5,mode=kill" makes rank 1 die at the start of
 step 5 of epoch 1 (both 0-based). Modes: exception (raises), kill (SIGKILL to
-itself), term (SIGTERM to itself, the graceful path).
+itself), term (SIGTERM to itself, the graceful path), hang (blocks for ever in
+a read that nothing answers, alive but stuck).
 """
 import os
 import signal
 import sys
 import time
 
-MODES = ("exception", "kill", "term")
+MODES = ("exception", "kill", "term", "hang")
 
 
 class FaultInjectedError(RuntimeError):
@@ -53,5 +54,8 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
         elif fault["mode"] == "term":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif fault["mode"] == "hang":
+            read_end, _ = os.pipe()
+            os.read(read_end, 1)
         else:
             raise FaultInjectedError(f"injected fault at epoch {epoch} step {step} on rank {fault['rank']}")

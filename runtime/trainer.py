@@ -168,7 +168,7 @@ def make_eval_step(model):
     return eval_step
 
 
-def _score(eval_step, model, data, batch_size, num_steps, rank, size):
+def _score(eval_step, model, data, batch_size, num_steps, rank, size, beat):
     """Returns (summed NLL, token count) of this rank's rows of `data`."""
     state = model.zero_state(batch_size // size)
     total, tokens = 0.0, 0
@@ -176,26 +176,29 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size):
         nll, state = eval_step(x, y, state)
         total += float(nll)
         tokens += y.size
+        beat()
     return total, tokens
 
 
-def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None):
+def evaluate(model, eval_step, data, config, ctx, eval_mode, where="", first=False, counts=None):
     """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank.
 
-    A `counts` dict gets "tokens": the tokens this rank scored (in chief
-    mode all of them on rank 0, 0 elsewhere).
+    `where` and `first` tell the watchdog what is evaluated, and that the
+    first evaluation traces its step. A `counts` dict gets "tokens": the
+    tokens this rank scored (in chief mode all of them on rank 0, 0 elsewhere).
     """
     batch, steps = config["batch_size"], config["num_steps"]
+    ctx.watch("evaluation", where, slow=first)
     counts = {} if counts is None else counts
     counts["tokens"] = 0
     if eval_mode == "distributed":
-        nll, tokens = _score(eval_step, model, data, batch, steps, ctx.rank, ctx.size)
+        nll, tokens = _score(eval_step, model, data, batch, steps, ctx.rank, ctx.size, ctx.beat)
         counts["tokens"] = tokens
         summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
         return math.exp(float(summed[0]) / float(summed[1]))
 
     def on_chief():
-        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1)
+        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1, ctx.beat)
         counts["tokens"] = tokens
         return math.exp(nll / tokens)
 
@@ -254,6 +257,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         _atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
                       "".join(json.dumps(m) + "\n" for m in metrics))
 
+    evaluated = False  # the first evaluation traces its step
     valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
     with _Signals() as signals:
         for epoch in range(progress["epoch"], epochs):
@@ -273,6 +277,7 @@ def train_and_evaluate(config, data, ctx, options=None):
                     break
                 if step < start_step:
                     continue
+                ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
                 faults.maybe_fire(epoch, step)
                 loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
                                                tf.constant(1.0 if signals.received else 0.0))
@@ -303,7 +308,9 @@ def train_and_evaluate(config, data, ctx, options=None):
                              (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
             seconds = elapsed + time.perf_counter() - tick
             train_ppl = math.exp(costs / epoch_size / num_steps)
-            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode, counts=valid_counts)
+            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode,
+                                 f"valid, epoch {epoch + 1}", first=not evaluated, counts=valid_counts)
+            evaluated = True
             wps = epoch_size * plan.global_batch * num_steps / seconds
             record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
                       "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
@@ -318,8 +325,9 @@ def train_and_evaluate(config, data, ctx, options=None):
             checkpoint.save(epoch + 1, 0, None, 0.0, 0.0, metrics, valid_ppl=valid_ppl)
             progress = checkpoint.fresh_progress()
 
-    test_ppl = evaluate(model, eval_step, data.test, config, ctx, opts.eval_mode)
+    test_ppl = evaluate(model, eval_step, data.test, config, ctx, opts.eval_mode, "test", first=not evaluated)
     log.info("test perplexity %.3f", test_ppl)
+    ctx.watch("finishing")
     final_digests = ctx.allgather_object(weights_digest(model.trainable_variables), name="final_digests")
     results = {
         "config": config.get("name", "config"),

@@ -1,6 +1,5 @@
 """Shared fixtures: the synthetic corpus, the tiny config, and launchers with hard timeouts."""
 import os
-import signal
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import synthetic_ptb  # noqa: E402
+from runtime.launch import run_bounded  # noqa: E402
 
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
@@ -35,19 +35,17 @@ def synthetic_corpus(tmp_path_factory):
 def run_command(cmd, timeout, env=None, cwd=ROOT):
     """Runs cmd with a hard wall-clock timeout: a hang fails the test, it never blocks CI.
 
-    The command gets its own process group, so a timeout kills mpirun and
-    every rank it started, not only the launcher.
+    Every process the command starts, ranks and remote daemons included, is
+    killed when it ends or times out, and one still alive 5 s after the
+    launcher returned fails the test (runtime/launch.py).
     """
-    full_env = dict(os.environ, **QUIET_ENV, **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\nstdout: {out}\nstderr: {err}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    outcome = run_bounded(cmd, timeout, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=cwd)
+    if outcome.timed_out:
+        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(map(str, cmd))}\n"
+                    f"stdout: {outcome.stdout[-3000:]}\nstderr: {outcome.stderr[-3000:]}")
+    if outcome.left_behind:
+        pytest.fail(f"processes outlived {' '.join(map(str, cmd))}: {outcome.left_behind}")
+    return subprocess.CompletedProcess(cmd, outcome.returncode, outcome.stdout, outcome.stderr)
 
 
 def lm_ptb(args, timeout=300, env=None):

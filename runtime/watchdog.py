@@ -1,0 +1,267 @@
+"""The watchdog of a distributed run: no fault may leave the job hanging.
+
+Horovod's MPI path has no timeout: a rank whose peer went silent (a cut link,
+a stopped process, a host that died without a FIN) waits in its collective
+forever, and so does mpirun, which cannot reach the far daemon to stop it.
+Horovod's stall inspector only sees ranks missing from a negotiation, never
+a transfer that is stuck, and TCP notices nothing for many minutes.
+
+So every rank runs a thread of its own, outside MPI and Gloo:
+- it sends a small UDP heartbeat to every other rank each `interval` seconds,
+  carrying its phase (start-up, training step, evaluation, checkpoint), its
+  position, and a progress count that the training loop raises;
+- a rank it has not heard from for `timeout` seconds has gone silent: the link
+  is cut, or the rank is stopped or dead;
+- when no rank's progress count has moved for `timeout` seconds, some rank is
+  alive but stuck (a hung read, say): the one whose count stopped first is
+  named. The first training step and the first evaluation trace their
+  functions, so they get TRACING_FACTOR times as long;
+- when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
+  an orphan.
+In each case the rank ends itself with HANG_EXIT. The lowest rank that can
+still hear the others prints one line naming what happened. A rank whose
+parent is an Open MPI daemon also leaves a guard behind that SIGKILLs the
+daemon if it has not ended a few seconds later, since a daemon that cannot
+reach its peers never returns.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HANG_EXIT = 3
+DEFAULT_TIMEOUT_S = 120.0
+TRACING_FACTOR = 4
+# Seconds a stuck Open MPI daemon gets to end the job by itself.
+DAEMON_GRACE_S = 5.0
+OPEN_MPI_DAEMONS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted")
+
+GUARD = """
+import os, signal, sys, time
+pid, start, grace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19] == start
+    except OSError:
+        return False
+deadline = time.monotonic() + grace
+while alive() and time.monotonic() < deadline:
+    time.sleep(0.1)
+if alive():
+    os.kill(pid, signal.SIGKILL)
+"""
+
+
+def _process_name(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def local_addresses():
+    """This host's IPv4 addresses other than loopback."""
+    import psutil  # a dependency of Horovod
+    found = []
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                found.append(address.address)
+    return found
+
+
+class Watchdog:
+    """One rank's watchdog: `start` it, then give it every rank's `card` (an allgather)."""
+
+    def __init__(self, rank, size, timeout_s, out=None):
+        self.rank, self.size, self.timeout = rank, size, float(timeout_s)
+        self.interval = min(1.0, self.timeout / 10)
+        self.host = socket.gethostname()
+        self.out = out or sys.stderr
+        self.ppid = os.getppid()
+        self.launcher = _process_name(self.ppid)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.settimeout(self.interval / 2)
+        self.lock = threading.Lock()
+        self.phase, self.where, self.slow = "start-up", "", True
+        self.progress = 0
+        self.peers = {}      # rank -> (host, [addresses])
+        self.heard = {}      # rank -> monotonic time of the last heartbeat
+        self.state = {}      # rank -> {"phase", "where", "progress"} as last heard
+        self.moved = {}      # rank -> monotonic time its progress last moved
+        self.stopped = threading.Event()
+        self.fired = False
+        self.created = time.monotonic()
+        self.exchanged = False
+
+    def card(self):
+        """What the other ranks need to reach this one."""
+        return {"rank": self.rank, "host": self.host, "port": self.sock.getsockname()[1],
+                "addresses": local_addresses()}
+
+    def exchange(self, cards):
+        """Takes every rank's card (an allgather of `card()`)."""
+        now = time.monotonic()
+        with self.lock:
+            for card in cards:
+                if card["rank"] == self.rank:
+                    continue
+                addresses = ["127.0.0.1"] if card["host"] == self.host else card["addresses"]
+                self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
+                self.heard[card["rank"]] = self.moved[card["rank"]] = now
+            self.exchanged = True
+
+    def start(self):
+        self.moved[self.rank] = time.monotonic()
+        threading.Thread(target=self._listen, name="watchdog-listen", daemon=True).start()
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+
+    def stop(self):
+        self.stopped.set()
+
+    # --- the training loop's side ------------------------------------------
+
+    def enter(self, phase, where="", slow=False):
+        with self.lock:
+            self.phase, self.where, self.slow = phase, where, slow
+            self.progress += 1
+
+    def beat(self):
+        with self.lock:
+            self.progress += 1
+
+    # --- the threads ------------------------------------------------------
+
+    def _listen(self):
+        while not self.stopped.is_set():
+            try:
+                data, _ = self.sock.recvfrom(4096)
+                message = json.loads(data)
+                rank = int(message["rank"])
+            except (socket.timeout, ValueError, KeyError, TypeError):
+                continue
+            except OSError:
+                return
+            if rank not in self.peers:
+                continue
+            now = time.monotonic()
+            with self.lock:
+                previous = self.state.get(rank)
+                self.heard[rank] = now
+                if previous is None or previous["progress"] != message["progress"]:
+                    self.moved[rank] = now
+                self.state[rank] = message
+
+    def _own_state(self):
+        with self.lock:
+            return {"rank": self.rank, "phase": self.phase, "where": self.where, "slow": self.slow,
+                    "progress": self.progress}
+
+    def _watch(self):
+        last = time.monotonic()
+        while not self.stopped.wait(self.interval):
+            now = time.monotonic()
+            if now - last > 3 * self.interval + 1:
+                # This process itself was stopped (SIGSTOP, a frozen VM) or
+                # starved: its peers' silence is its own, so they get a fresh start.
+                with self.lock:
+                    for rank in self.heard:
+                        self.heard[rank] = self.moved[rank] = now
+            last = now
+            mine = self._own_state()
+            payload = json.dumps(mine).encode()
+            for _, addresses in self.peers.values():
+                for address in addresses:
+                    try:
+                        self.sock.sendto(payload, address)
+                    except OSError:  # unreachable for now; silence is judged by the receiver
+                        pass
+            now = time.monotonic()
+            with self.lock:
+                previous = self.state.get(self.rank)
+                if previous is None or previous["progress"] != mine["progress"]:
+                    self.moved[self.rank] = now
+                self.state[self.rank] = mine
+            verdict = self.verdict(now)
+            if verdict:
+                self._end(*verdict)
+
+    def report(self):
+        """What has gone wrong so far, judged on a short fuse, or None: for a
+        rank that Horovod stopped (Gloo's own timeout) before the watchdog."""
+        verdict = self.verdict(limit=min(self.timeout, 10 * self.interval))
+        return verdict[0] if verdict else None
+
+    def verdict(self, now=None, limit=None):
+        """None, or (message, reporting rank) once the job has hung for `limit` (timeout) s."""
+        now = time.monotonic() if now is None else now
+        limit = self.timeout if limit is None else limit
+        if os.getppid() != self.ppid:
+            # Every rank sees it; rank 0 speaks for them.
+            return (f"its launcher ({self.launcher or 'parent'}, pid {self.ppid}) is gone; "
+                    "this rank would be an orphan", 0)
+        if not self.exchanged:
+            if now - self.created > limit * TRACING_FACTOR:
+                return (f"not every rank joined the start-up within {now - self.created:.0f} s "
+                        "(a host that cannot be reached, or a rank that did not start)", self.rank)
+            return None
+        with self.lock:
+            silent = sorted(r for r in self.peers if now - self.heard[r] > limit)
+            if silent:
+                first = silent[0]
+                names = ", ".join(self._name(r) for r in silent)
+                verb = "went" if len(silent) == 1 else "all went"
+                message = (f"{names} {verb} silent during {self._doing(first)}: no heartbeat for "
+                           f"{now - self.heard[first]:.0f} s (a cut link, or a stopped or dead process)")
+                return message, min(r for r in [self.rank, *self.peers] if r not in silent)
+            slow = any(s.get("slow") for s in self.state.values())
+            allowance = limit * (TRACING_FACTOR if slow else 1)
+            last_move = max(self.moved.values())
+            if now - last_move > allowance:
+                stuck = min(self.moved, key=lambda r: (self.moved[r], r))
+                message = (f"{self._name(stuck)} is alive but has made no progress for "
+                           f"{now - self.moved[stuck]:.0f} s during {self._doing(stuck)}, and no rank has "
+                           f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
+                return message, min([self.rank, *self.peers])
+        return None
+
+    def _name(self, rank):
+        host = self.host if rank == self.rank else self.peers[rank][0]
+        return f"rank {rank} on {host}"
+
+    def _doing(self, rank):
+        state = self.state.get(rank) or {}
+        phase, where = state.get("phase", "start-up"), state.get("where", "")
+        return f"{phase} ({where})" if where else phase
+
+    def _end(self, message, reporter):
+        if self.fired:
+            return
+        self.fired = True
+        if reporter == self.rank:
+            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. The job ends "
+                           f"(--hang_timeout {self.timeout:g}); resume with --resume\n")
+            self.out.flush()
+        self._guard_daemon()
+        os._exit(HANG_EXIT)
+
+    def _guard_daemon(self):
+        if self.launcher not in OPEN_MPI_DAEMONS or os.getppid() != self.ppid:
+            return
+        try:
+            subprocess.Popen([sys.executable, "-c", GUARD, str(self.ppid), _start_time(self.ppid),
+                              str(DAEMON_GRACE_S)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        except OSError:
+            pass

@@ -1,0 +1,127 @@
+"""The watchdog's judgement (runtime/watchdog.py) on hand-made states, its
+heartbeats over real UDP, and the --hang_timeout flag. The faults themselves,
+on namespace hosts, are in test_network_faults.py."""
+import time
+
+import pytest
+
+from runtime import cli
+from runtime.watchdog import TRACING_FACTOR, Watchdog
+
+FAR = {"rank": 1, "host": "host2", "port": 9, "addresses": ["10.0.0.2", "10.0.1.2"]}
+
+
+def two_rank_view(rank=0, timeout=20.0):
+    """Rank `rank`'s watchdog of a 2-rank job, not started, every clock at 1000 s."""
+    dog = Watchdog(rank, 2, timeout)
+    mine = dict(dog.card(), rank=rank, host="host1")
+    other = dict(FAR, rank=1 - rank)
+    dog.host = "host1"
+    dog.exchange([mine, other])
+    for r in (0, 1):
+        dog.heard[r] = dog.moved[r] = 1000.0
+        dog.state[r] = {"rank": r, "phase": "training step", "where": "epoch 2, step 5", "slow": False,
+                        "progress": 7}
+    return dog
+
+
+def test_the_far_rank_is_reached_at_every_address_and_a_near_one_on_loopback():
+    dog = two_rank_view()
+    assert dog.peers == {1: ("host2", [("10.0.0.2", 9), ("10.0.1.2", 9)])}
+    near = Watchdog(0, 2, 20)
+    near.exchange([near.card(), dict(FAR, host=near.host)])
+    assert near.peers == {1: (near.host, [("127.0.0.1", 9)])}
+
+
+def test_a_silent_rank_is_named_with_its_phase_after_the_timeout():
+    dog = two_rank_view()
+    dog.heard[0] = dog.moved[0] = 1020.5  # this rank is fine
+    assert dog.verdict(now=1020.0) is None
+    assert dog.verdict(now=1021.0) == (
+        "rank 1 on host2 went silent during training step (epoch 2, step 5): no heartbeat for 21 s "
+        "(a cut link, or a stopped or dead process)", 0)
+
+
+def test_across_a_partition_each_side_reports_the_other():
+    dog = two_rank_view(rank=1)
+    dog.heard[1] = dog.moved[1] = 1030.0
+    message, reporter = dog.verdict(now=1030.0)
+    assert message.startswith("rank 0 on host2 went silent during training step")
+    assert reporter == 1
+
+
+def test_a_live_but_stuck_rank_is_the_one_whose_progress_stopped_first():
+    dog = two_rank_view()
+    dog.heard[0] = dog.heard[1] = 1024.0      # both alive
+    dog.moved[0] = 1003.0                     # rank 0 entered the next step, then waited
+    dog.state[1] = dict(dog.state[1], phase="evaluation", where="valid, epoch 2")
+    assert dog.verdict(now=1022.9) is None
+    assert dog.verdict(now=1024.0) == (
+        "rank 1 on host2 is alive but has made no progress for 24 s during evaluation (valid, epoch 2), "
+        "and no rank has moved for 21 s (a hung read or a deadlock)", 0)
+
+
+def test_tracing_gets_a_longer_allowance_but_silence_does_not():
+    dog = two_rank_view()
+    dog.state[1] = dict(dog.state[1], slow=True)
+    dog.heard[0] = dog.heard[1] = 1000.0 + 20 * TRACING_FACTOR
+    assert dog.verdict(now=1000.0 + 20 * TRACING_FACTOR - 1) is None
+    assert "no progress" in dog.verdict(now=1000.0 + 20 * TRACING_FACTOR + 1)[0]
+    dog.heard[1] = 1000.0
+    assert "went silent" in dog.verdict(now=1021.0)[0]
+
+
+def test_a_rank_that_never_joins_the_start_up_is_reported():
+    dog = Watchdog(0, 2, 10)
+    start = dog.created
+    assert dog.verdict(now=start + 10 * TRACING_FACTOR - 1) is None
+    message, reporter = dog.verdict(now=start + 10 * TRACING_FACTOR + 1)
+    assert message.startswith(f"not every rank joined the start-up within {10 * TRACING_FACTOR + 1} s")
+    assert reporter == 0
+
+
+def test_report_uses_a_short_fuse_for_a_job_that_horovod_already_stopped():
+    dog = two_rank_view(timeout=120)
+    dog.heard[0] = dog.moved[0] = 1011.0
+    real_monotonic = time.monotonic
+    try:
+        time.monotonic = lambda: 1011.0
+        assert dog.report().startswith("rank 1 on host2 went silent during training step (epoch 2, step 5): "
+                                       "no heartbeat for 11 s")
+    finally:
+        time.monotonic = real_monotonic
+
+
+def test_heartbeats_carry_phase_and_progress_over_udp():
+    dogs = [Watchdog(rank, 2, 10) for rank in (0, 1)]
+    cards = [dog.card() for dog in dogs]
+    for dog in dogs:
+        dog.start()
+        dog.exchange(cards)
+    try:
+        dogs[1].enter("evaluation", "valid, epoch 3", slow=True)
+        dogs[1].beat()
+        deadline = time.monotonic() + 5
+        while dogs[0].state.get(1, {}).get("progress") != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dogs[0].state[1] == {"rank": 1, "phase": "evaluation", "where": "valid, epoch 3", "slow": True,
+                                    "progress": 2}
+        assert dogs[1].state[0]["phase"] == "start-up"
+        assert dogs[0].verdict() is None and dogs[1].verdict() is None
+    finally:
+        for dog in dogs:
+            dog.stop()
+
+
+@pytest.mark.parametrize("value", ["3", "-1", "soon"])
+def test_hang_timeout_below_5_s_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_args(["--hang_timeout", value], distributed=True)
+    assert exit_info.value.code == 2
+    assert f"argument --hang_timeout: {value!r}: give 0 (no watchdog) or at least 5 seconds" in capsys.readouterr().err
+
+
+def test_hang_timeout_defaults_to_120_s_and_0_turns_it_off():
+    assert cli.parse_args([], distributed=True).hang_timeout == 120
+    assert cli.parse_args(["--hang_timeout", "0"], distributed=True).hang_timeout == 0
+    assert cli.parse_args([], distributed=False).hang_timeout == 0
