@@ -40,6 +40,7 @@ import zlib
 
 import numpy as np
 import requests
+import tqdm
 import urllib3
 
 logger = logging.getLogger(__name__)
@@ -300,20 +301,26 @@ def _download_once(url, part, timeout, progress):
         length = r.headers.get("Content-Length")
         total = start + int(length) if length and length.isdigit() else None
         got = start
-        bar = _Progress(progress, url, total, start)
-        finished = False
-        try:
-            with open(part, mode) as f:
-                try:
-                    for chunk in r.iter_content(_CHUNK):
-                        f.write(chunk)
-                        got += len(chunk)
-                        bar.update(got)
-                except requests.RequestException as e:
-                    raise _Retry(_cut_off(e, got, total, timeout)) from None
-            finished = True
-        finally:
-            bar.close(got, finished)
+        # progress None: tqdm draws the bar only when stderr is a terminal;
+        # elsewhere plain start and end lines stand in for it.
+        lines = progress is None and not sys.stderr.isatty()
+        if lines:
+            resumed = f", resuming at byte {start}" if start else ""
+            print(f"downloading {url}{resumed}", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        hidden = None if progress is None else not progress
+        with tqdm.tqdm(total=total, initial=start, unit="B", unit_scale=True,
+                       disable=hidden) as bar, open(part, mode) as f:
+            try:
+                for chunk in r.iter_content(_CHUNK):
+                    f.write(chunk)
+                    got += len(chunk)
+                    bar.update(len(chunk))
+            except requests.RequestException as e:
+                raise _Retry(_cut_off(e, got, total, timeout)) from None
+        if lines:
+            print(f"downloaded {got} bytes in {time.monotonic() - began:.1f}s",
+                  file=sys.stderr, flush=True)
     if total is not None and got != total:
         raise _Retry(f"download cut off at {got} of {total} bytes")
 
@@ -369,47 +376,6 @@ def _exception_chain(exc):
         todo.extend([e.__cause__, e.__context__, getattr(e, "reason", None)])
         todo.extend(e.args)
     return seen
-
-
-class _Progress:
-    """A \\r-redrawn bar on a terminal, start/end lines elsewhere, or nothing."""
-
-    def __init__(self, progress, url, total, start):
-        if progress is None:
-            self.mode = "bar" if sys.stderr.isatty() else "text"
-        else:
-            self.mode = "bar" if progress else None
-        self.total = total
-        self.start_time = time.monotonic()
-        self.drawn_at = 0.0
-        if self.mode == "text":
-            resumed = f", resuming at byte {start}" if start else ""
-            print(f"downloading {url}{resumed}", file=sys.stderr, flush=True)
-
-    def update(self, got):
-        now = time.monotonic()
-        if self.mode != "bar" or now - self.drawn_at < 0.1:
-            return
-        self.drawn_at = now
-        mb = got / 1e6
-        if self.total:
-            done = got / self.total
-            filled = int(30 * done)
-            line = (f"\r[{'#' * filled}{'.' * (30 - filled)}] {done:4.0%} "
-                    f"{mb:.1f}/{self.total / 1e6:.1f} MB")
-        else:
-            line = f"\r{mb:.1f} MB"
-        print(line, end="", file=sys.stderr, flush=True)
-
-    def close(self, got, finished):
-        seconds = time.monotonic() - self.start_time
-        if self.mode == "bar":
-            self.drawn_at = 0.0
-            self.update(got)
-            print(file=sys.stderr, flush=True)
-        elif self.mode == "text" and finished:
-            print(f"downloaded {got} bytes in {seconds:.1f}s", file=sys.stderr,
-                  flush=True)
 
 
 def _file_digest(path, algorithm):

@@ -13,6 +13,8 @@ import socket
 import sys
 import threading
 
+import tqdm
+
 log = logging.getLogger("lm_ptb")
 MODES = ("master", "workers", "collect")
 FORMAT = "%(asctime)s %(prefix)s%(message)s"
@@ -249,33 +251,30 @@ def _visible_gpus():
 
 
 class StepProgress:
-    """A one-line progress bar for the steps of an epoch, only on a terminal.
+    """tqdm's bar over the steps of each epoch, on rank 0's terminal only.
 
     The periodic log lines carry the same information for files and CI.
     """
 
-    def __init__(self, enabled=True, stream=None, min_interval=0.5):
-        self.stream = stream or sys.stderr
-        self.enabled = enabled and self.stream.isatty()
-        self.min_interval = min_interval
-        self.last = 0.0
-        self.shown = False
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self.epoch = None
+        self.bar = None
 
     def update(self, epoch, step, total, perplexity):
-        import time
-        now = time.monotonic()
-        if not self.enabled or now - self.last < self.min_interval:
+        if not self.enabled:
             return
-        self.last = now
-        width = 30
-        filled = int(width * step / total)
-        self.stream.write(f"\repoch {epoch} [{'#' * filled}{'.' * (width - filled)}] "
-                          f"{step}/{total} perplexity {perplexity:.2f} ")
-        self.stream.flush()
-        self.shown = True
+        if epoch != self.epoch:
+            if self.bar is not None:
+                self.bar.close()
+            self.epoch = epoch
+            # disable=None: no bar when stderr is not a terminal.
+            self.bar = tqdm.tqdm(total=total, initial=step - 1, desc=f"epoch {epoch}", unit="step",
+                                 leave=False, mininterval=0.5, disable=None)
+        self.bar.set_postfix_str(f"perplexity {perplexity:.2f}", refresh=False)
+        self.bar.update()
 
     def clear(self):
-        if self.shown:
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
-            self.shown = False
+        """Takes the bar off the line for a log line; the next steps redraw it."""
+        if self.bar is not None:
+            self.bar.clear()

@@ -204,6 +204,19 @@ def test_download_verifies_and_places_the_files(server, tmp_path, monkeypatch,
 
 
 @pytest.mark.timeout(60)
+def test_progress_true_draws_the_bar_and_false_prints_nothing(server, tmp_path,
+                                                              capfd):
+    fetch(tmp_path / "bar", server.url, progress=True)
+    err = capfd.readouterr().err
+    kb = f"{len(ARCHIVE) / 1e3:.1f}k"
+    assert "\r" in err and "100%" in err and f"{kb}/{kb}" in err
+    assert "downloading" not in err
+
+    fetch(tmp_path / "quiet", server.url, progress=False)
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.timeout(60)
 def test_checksum_mismatch_places_nothing_then_a_rerun_repairs(server,
                                                                tmp_path):
     target = tmp_path / "data"
