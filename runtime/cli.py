@@ -63,7 +63,7 @@ def build_parser(distributed):
     parser.add_argument("--fault", default="", help=argparse.SUPPRESS)
     if distributed:
         group = parser.add_argument_group("Horovod")
-        group.add_argument("--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
+        group.add_argument("-m", "--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
                            help="master: rank 0 logs; workers: every rank logs (own file with -l); "
                                 "collect: every rank's lines go to rank 0's output")
         group.add_argument("--eval_mode", choices=("chief", "distributed"), default="chief",

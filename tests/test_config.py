@@ -80,7 +80,7 @@ def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthet
 
 COMMON_OPTIONS = ["-h", "--help", "--config", "--data_path", "--output_dir", "--set", "--seed", "--resume",
                   "--keep_checkpoints", "--max_steps_per_epoch", "--record_step_losses", "-l", "--log-path"]
-HOROVOD_OPTIONS = ["--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--hang_timeout"]
+HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--hang_timeout"]
 
 
 def _assert_help_documents(parser, text, options):
@@ -103,6 +103,8 @@ def test_cli_help_documents_every_option():
     # lm_ptb_distributed.py prints this parser's help; it adds the Horovod group.
     parser = cli.build_parser(distributed=True)
     _assert_help_documents(parser, parser.format_help(), COMMON_OPTIONS + HOROVOD_OPTIONS)
+    # -m as in DeePMD-kit's docs
+    assert cli.parse_args(["-m", "workers"], distributed=True).mpi_log == "workers"
 
 
 @pytest.mark.timeout(200)
