@@ -196,8 +196,8 @@ def _read_failure(path):
 
 def _write_failure(path, message):
     with contextlib.suppress(OSError):
-        _atomic_write(path, json.dumps({"time": time.time(), "error": message})
-                      .encode("utf-8"))
+        atomic_write(path, json.dumps({"time": time.time(), "error": message})
+                     .encode("utf-8"))
 
 
 def _remove(path):
@@ -486,7 +486,8 @@ def _replacing(path):
         raise
 
 
-def _atomic_write(path, data):
+def atomic_write(path, data):
+    """Replaces path with bytes data; a reader sees the old file or the new one."""
     with _replacing(path) as f:
         f.write(data)
 
@@ -643,8 +644,8 @@ def _save_cache(data_path, key, data):
             with _replacing(_cache_path(data_path, split)) as f:
                 np.save(f, getattr(data, split), allow_pickle=False)
         # The meta record goes last: it is what makes the arrays count.
-        _atomic_write(os.path.join(data_path, _CACHE_META),
-                      json.dumps(meta).encode("utf-8"))
+        atomic_write(os.path.join(data_path, _CACHE_META),
+                     json.dumps(meta).encode("utf-8"))
     except OSError as e:
         # The cache only saves time; a read-only or full folder goes without.
         logger.info("not caching token ids in %s: %s", data_path,

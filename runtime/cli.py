@@ -103,8 +103,8 @@ def import_horovod():
         import horovod.tensorflow as hvd
     except ImportError as err:
         where = f" (a launcher started {launcher_size()} processes)" if launcher_size() > 1 else ""
-        _fail(f"cannot import horovod.tensorflow{where}: {err}. Run scripts/setup.sh (make setup), "
-              "or use lm_ptb.py for single-process training", ERROR_EXIT)
+        sys.exit(error_status(f"cannot import horovod.tensorflow{where}: {err}. Run scripts/setup.sh "
+                              "(make setup), or use lm_ptb.py for single-process training", ERROR_EXIT))
     return hvd
 
 
@@ -120,12 +120,14 @@ def check_world_size(size):
     else:
         cause = ("Horovod was built without this launcher's MPI/Gloo; rebuild it (scripts/setup.sh) "
                  "or launch with horovodrun")
-    _fail(f"the launcher started {expected} processes but Horovod sees a world of {size}: {cause}", ERROR_EXIT)
+    sys.exit(error_status(f"the launcher started {expected} processes but Horovod sees a world of {size}: {cause}",
+                          ERROR_EXIT))
 
 
-def _fail(message, code):
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
+def error_status(message, code):
+    """Writes one "error: message" line on stderr and returns code, the exit status to end with."""
+    _error_line(f"error: {message}")
+    return code
 
 
 def _error_line(text):

@@ -7,14 +7,13 @@ deterministically; then only the weights are read from the checkpoint.
 import dataclasses
 import json
 import os
-import sys
 
 import tensorflow as tf
 
 import ptb_reader
 from runtime import config as config_lib
 from runtime.checkpointing import CheckpointError
-from runtime.cli import ERROR_EXIT, USAGE_EXIT, UsageError
+from runtime.cli import ERROR_EXIT, USAGE_EXIT, UsageError, error_status
 from texar_lite.model import LanguageModel
 
 
@@ -139,11 +138,6 @@ def exit_status(run, args):
         run(args)
         return 0
     except (UsageError, config_lib.ConfigError) as err:
-        return _fail(err, USAGE_EXIT)
+        return error_status(err, USAGE_EXIT)
     except (ptb_reader.PTBDataError, CheckpointError) as err:
-        return _fail(err, ERROR_EXIT)
-
-
-def _fail(err, code):
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    return code
+        return error_status(err, ERROR_EXIT)

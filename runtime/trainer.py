@@ -205,13 +205,6 @@ def evaluate(model, eval_step, data, config, ctx, eval_mode, where="", first=Fal
     return ctx.run_on_chief(on_chief)
 
 
-def _atomic_write(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def versions(ctx):
     return {"tensorflow": tf.__version__, "python": platform.python_version(), **ctx.versions()}
 
@@ -254,8 +247,8 @@ def train_and_evaluate(config, data, ctx, options=None):
     step_losses = []
     if ctx.is_chief:
         os.makedirs(opts.output_dir, exist_ok=True)
-        _atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
-                      "".join(json.dumps(m) + "\n" for m in metrics))
+        ptb_reader.atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
+                                "".join(json.dumps(m) + "\n" for m in metrics).encode())
 
     evaluated = False  # the first evaluation traces its step
     valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
@@ -357,5 +350,6 @@ def train_and_evaluate(config, data, ctx, options=None):
     if opts.record_step_losses:
         results["step_losses"] = step_losses
     if ctx.is_chief:
-        _atomic_write(os.path.join(opts.output_dir, "results.json"), json.dumps(results, indent=2) + "\n")
+        ptb_reader.atomic_write(os.path.join(opts.output_dir, "results.json"),
+                                (json.dumps(results, indent=2) + "\n").encode())
     return results
