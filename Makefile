@@ -4,8 +4,9 @@
 # make setup GPU=1  the CUDA variant: tensorflow[and-cuda] and Horovod with NCCL (not run on the CPU-only dev machines)
 # make bench  the speed benchmark (writes BENCHMARKS.md); builds .venv-torch for the PyTorch reference
 PY := .venv/bin/python
+# LD_LIBRARY_PATH only when set: an unset one makes mpirun warn before the run's first line.
 MPIRUN := mpirun --allow-run-as-root --oversubscribe -bind-to none -map-by slot \
-	-x PATH -x LD_LIBRARY_PATH -mca pml ob1 -mca btl tcp,self
+	-x PATH$(if $(LD_LIBRARY_PATH), -x LD_LIBRARY_PATH) -mca pml ob1 -mca btl tcp,self
 SYNTH := data/synthetic
 TORCH_VENV := .venv-torch
 
