@@ -133,7 +133,7 @@ class _TensorBoard:
         self.writer.flush()
 
 
-def _make_train_step(model, optimizer, config, ctx, plan, seed):
+def make_train_step(model, optimizer, config, ctx, plan, seed):
     variables = model.trainable_variables
     opt_hparams = config["opt"]
 
@@ -238,7 +238,7 @@ def train_and_evaluate(config, data, ctx, options=None):
         {"before_broadcast": init_digest, "after_broadcast": weights_digest(model.trainable_variables)},
         name="init_digests")
 
-    train_step = _make_train_step(model, optimizer, config, ctx, plan, opts.seed)
+    train_step = make_train_step(model, optimizer, config, ctx, plan, opts.seed)
     eval_step = make_eval_step(model)
     faults = FaultInjector(opts.fault, ctx.rank)
     metrics = progress["metrics"]
@@ -270,8 +270,10 @@ def train_and_evaluate(config, data, ctx, options=None):
                     break
                 if step < start_step:
                     continue
-                ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
                 faults.maybe_fire(epoch, step)
+                # Just before the step's collectives: a rank stuck in anything
+                # before them falls behind the others it keeps waiting.
+                ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
                 loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
                                                tf.constant(1.0 if signals.received else 0.0))
                 loss = float(loss)

@@ -13,8 +13,8 @@ So every rank runs a thread of its own, outside MPI and Gloo:
 - a rank it has not heard from for `timeout` seconds has gone silent: the link
   is cut, or the rank is stopped or dead;
 - when no rank's progress count has moved for `timeout` seconds, some rank is
-  alive but stuck (a hung read, say): the one whose count stopped first is
-  named. The first training step and the first evaluation trace their
+  alive but stuck (a hung read, say): the one that entered the fewest
+  phases, or else whose count stopped first, is named. The first training step and the first evaluation trace their
   functions, so they get TRACING_FACTOR times as long;
 - when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
   an orphan.
@@ -95,12 +95,15 @@ class Watchdog:
         self.sock.settimeout(self.interval / 2)
         self.lock = threading.Lock()
         self.phase, self.where, self.slow = "start-up", "", True
-        self.progress = 0
+        # Every rank enters the same phases in the same order, so `entered`
+        # ranks them: the one with the fewest is behind the others.
+        self.entered = self.progress = 0
         self.peers = {}      # rank -> (host, [addresses])
         self.heard = {}      # rank -> monotonic time of the last heartbeat
         self.state = {}      # rank -> {"phase", "where", "progress"} as last heard
         self.moved = {}      # rank -> monotonic time its progress last moved
         self.stopped = threading.Event()
+        self.wake = threading.Event()  # a new phase is sent at once, not up to `interval` later
         self.fired = False
         self.created = time.monotonic()
         self.exchanged = False
@@ -129,12 +132,16 @@ class Watchdog:
 
     def stop(self):
         self.stopped.set()
+        self.wake.set()
 
     # --- the training loop's side ------------------------------------------
 
     def enter(self, phase, where="", slow=False):
         with self.lock:
+            if phase != self.phase:
+                self.wake.set()
             self.phase, self.where, self.slow = phase, where, slow
+            self.entered += 1
             self.progress += 1
 
     def beat(self):
@@ -166,11 +173,15 @@ class Watchdog:
     def _own_state(self):
         with self.lock:
             return {"rank": self.rank, "phase": self.phase, "where": self.where, "slow": self.slow,
-                    "progress": self.progress}
+                    "entered": self.entered, "progress": self.progress}
 
     def _watch(self):
         last = time.monotonic()
-        while not self.stopped.wait(self.interval):
+        while True:
+            self.wake.wait(self.interval)
+            self.wake.clear()
+            if self.stopped.is_set():
+                return
             now = time.monotonic()
             if now - last > 3 * self.interval + 1:
                 # This process itself was stopped (SIGSTOP, a frozen VM) or
@@ -229,9 +240,9 @@ class Watchdog:
             allowance = limit * (TRACING_FACTOR if slow else 1)
             last_move = max(self.moved.values())
             if now - last_move > allowance:
-                stuck = min(self.moved, key=lambda r: (self.moved[r], r))
+                stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
                 message = (f"{self._name(stuck)} is alive but has made no progress for "
-                           f"{now - self.moved[stuck]:.0f} s during {self._doing(stuck)}, and no rank has "
+                           f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
                            f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
                 return message, min([self.rank, *self.peers])
         return None

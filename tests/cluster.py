@@ -29,7 +29,8 @@ PREFIX = "lmt"
 
 SSH_STAND_IN = """#!/bin/sh
 # ssh stand-in: ssh [options] HOST [options] COMMAND... runs COMMAND in HOST's
-# network namespace, with HOST as hostname and its own Open MPI session folder.
+# network namespace, with HOST as hostname and its own Open MPI session folder,
+# in a session of its own (remote-session, beside this file), as sshd would.
 while [ $# -gt 0 ]; do case "$1" in -[oplieFJ]) shift 2;; -*) shift;; *) break;; esac; done
 host=$1; shift
 while [ $# -gt 0 ]; do case "$1" in -[oplieFJ]) shift 2;; -[a-zA-Z]) shift;; *) break;; esac; done
@@ -39,7 +40,18 @@ case "$host" in
 esac
 export OMPI_MCA_orte_tmpdir_base="{workdir}/$host"
 mkdir -p "$OMPI_MCA_orte_tmpdir_base"
-exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+exec ip netns exec "$ns" unshare --uts "$(dirname "$0")/remote-session" "$host" "$*"
+"""
+
+# A stopped process that loses its ssh connection gets SIGHUP and SIGCONT from
+# the kernel (its process group is orphaned when sshd's session ends); a
+# launcher that SIGTERMs its ssh client relies on that.
+REMOTE_SESSION = """#!/bin/sh
+hostname "$1" || exit 255
+setsid sh -c "$2" <&0 &
+session=$!
+trap 'kill -HUP -- -$session 2>/dev/null; kill -CONT -- -$session 2>/dev/null; exit 255' TERM HUP INT
+wait $session
 """
 
 
@@ -126,10 +138,12 @@ class Cluster:
             os.makedirs(os.path.join(self.workdir, host), exist_ok=True)
         os.makedirs(self.bin, exist_ok=True)
         cases = "\n".join(f"  {host}) ns={ns};;" for host, ns in self.namespaces.items())
-        ssh = os.path.join(self.bin, "ssh")
-        with open(ssh, "w") as f:
-            f.write(SSH_STAND_IN.format(cases=cases, workdir=self.workdir))
-        os.chmod(ssh, 0o755)
+        for name, text in (("ssh", SSH_STAND_IN.format(cases=cases, workdir=self.workdir)),
+                           ("remote-session", REMOTE_SESSION)):
+            path = os.path.join(self.bin, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o755)
 
     def env(self, host, base=None):
         """The environment of a command started on `host`: the stand-in ssh first on PATH."""

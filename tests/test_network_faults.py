@@ -56,12 +56,12 @@ def cluster(tmp_path):
 
 @pytest.fixture(scope="module")
 def long_valid_corpus(tmp_path_factory):
-    """The synthetic corpus with a valid split three times its train split: rank
-    0's evaluation then takes longer than a 5 s watchdog, and long enough to cut
-    the link in the middle of it."""
+    """The synthetic corpus with a valid split five times its train split: rank
+    0's evaluation then takes longer than a 10 s watchdog, and long enough to
+    cut the link in the middle of it."""
     path = tmp_path_factory.mktemp("long_valid")
     synthetic_ptb.write_synthetic_corpus(str(path), vocab=250, successors=4, train_words=200000, seed=1234)
-    (path / "ptb.valid.txt").write_text((path / "ptb.train.txt").read_text() * 3)
+    (path / "ptb.valid.txt").write_text((path / "ptb.train.txt").read_text() * 5)
     return str(path)
 
 
@@ -143,12 +143,12 @@ def check(case, launcher, outcome, seconds, left, out, *phrases, code=None, line
     assert seconds < BOUND_S, (seconds, outcome.stderr[-3000:])
     assert left == [], left
     assert len(errors) in lines, outcome.stderr[-3000:]
-    for phrase in phrases:
-        assert phrase in errors[0], errors[0]
+    # Across a partition the far side may speak first.
+    assert any(all(phrase in line for phrase in phrases) for line in errors), errors
     assert position == (1, 0)  # epoch 1's checkpoint, whole and loadable
 
 
-MID_EPOCH_2 = r"epoch 2/3: learning rate"
+MID_EPOCH_2 = r"epoch 2/\d: learning rate"
 
 
 # --- mpirun ----------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, long_valid_c
     out = tmp_path / "out"
     # The last step's line comes just before the evaluation.
     outcome, seconds, left = strike(cluster, MPIRUN, train_args(long_valid_corpus, out),
-                                    r"epoch 2/3: learning rate[^\n]*\n(.*\n)*.*1\.000 perplexity",
+                                    MID_EPOCH_2 + r"[^\n]*\n(.*\n)*.*1\.000 perplexity",
                                     lambda h: h.cut("host2"), "link cut in evaluation")
     check("link cut during rank 0's evaluation", "mpirun", outcome, seconds, left, out,
           "rank 1 on host2 went silent during evaluation (valid, epoch 2)", code=-signal.SIGKILL)
@@ -199,7 +199,7 @@ def test_a_rank_stuck_in_a_read_ends_the_job(cluster, synthetic_corpus, tmp_path
                                     train_args(synthetic_corpus[0], out, "--fault", "rank=1,epoch=1,step=20,mode=hang"),
                                     r"fault injection: rank 1 hang", lambda h: None, "hung read")
     check("rank 1 blocked in a read", "mpirun", outcome, seconds, left, out,
-          "rank 1 on host2 is alive but has made no progress", "during training step (epoch 2, step 21)", code=3)
+          "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)", code=3)
 
 
 def test_a_vanished_host_ends_the_job(cluster, synthetic_corpus, tmp_path):
@@ -260,12 +260,13 @@ def test_a_killed_horovodrun_leaves_no_rank_behind(cluster, synthetic_corpus, tm
 # --- no false alarms ---------------------------------------------------------
 
 def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, long_valid_corpus, tmp_path):
-    """A 5 Mbit/s link, a rank-0 evaluation longer than the timeout, the first
-    step's tracing and every checkpoint, all under a 5 s watchdog."""
+    """A 5 Mbit/s link (each step about 10x slower), a rank-0 evaluation longer
+    than the timeout, the first step's tracing and every checkpoint, all under a
+    10 s watchdog."""
     cluster.cap("5mbit")
     out = tmp_path / "out"
     args = train_args(long_valid_corpus, out, epochs=2)
-    args[args.index("--hang_timeout") + 1] = "5"
+    args[args.index("--hang_timeout") + 1] = "10"
     args[args.index("--max_steps_per_epoch") + 1] = "40"
     outcome = cluster.start("host1", [*MPIRUN, *args], env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(200)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
@@ -275,4 +276,4 @@ def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, long_valid_cor
     stamps = re.findall(r"^(\d\d):(\d\d):(\d\d) (1\.000 perplexity|epoch \d/2: train)", outcome.stdout, re.M)
     seconds = [int(h) * 3600 + int(m) * 60 + int(s) for h, m, s, _ in stamps]
     evaluations = [(seconds[i + 1] - seconds[i]) % 86400 for i in range(0, len(seconds), 2)]
-    assert len(evaluations) == 2 and min(evaluations) > 5, stamps
+    assert len(evaluations) == 2 and min(evaluations) > 10, stamps

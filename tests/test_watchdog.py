@@ -21,7 +21,7 @@ def two_rank_view(rank=0, timeout=20.0):
     for r in (0, 1):
         dog.heard[r] = dog.moved[r] = 1000.0
         dog.state[r] = {"rank": r, "phase": "training step", "where": "epoch 2, step 5", "slow": False,
-                        "progress": 7}
+                        "entered": 7, "progress": 7}
     return dog
 
 
@@ -50,14 +50,23 @@ def test_across_a_partition_each_side_reports_the_other():
     assert reporter == 1
 
 
-def test_a_live_but_stuck_rank_is_the_one_whose_progress_stopped_first():
+def test_a_live_but_stuck_rank_is_the_one_that_entered_the_fewest_phases():
+    dog = two_rank_view()
+    dog.heard[0] = dog.heard[1] = 1024.0
+    dog.moved[1] = 1003.0                     # it moved last, but is a step behind
+    dog.state[0] = dict(dog.state[0], where="epoch 2, step 6", entered=8)
+    assert dog.verdict(now=1024.0)[0].startswith(
+        "rank 1 on host2 is alive but has made no progress for 21 s since training step (epoch 2, step 5)")
+
+
+def test_among_equals_the_stuck_rank_is_the_one_whose_progress_stopped_first():
     dog = two_rank_view()
     dog.heard[0] = dog.heard[1] = 1024.0      # both alive
     dog.moved[0] = 1003.0                     # rank 0 entered the next step, then waited
     dog.state[1] = dict(dog.state[1], phase="evaluation", where="valid, epoch 2")
     assert dog.verdict(now=1022.9) is None
     assert dog.verdict(now=1024.0) == (
-        "rank 1 on host2 is alive but has made no progress for 24 s during evaluation (valid, epoch 2), "
+        "rank 1 on host2 is alive but has made no progress for 24 s since evaluation (valid, epoch 2), "
         "and no rank has moved for 21 s (a hung read or a deadlock)", 0)
 
 
@@ -105,7 +114,7 @@ def test_heartbeats_carry_phase_and_progress_over_udp():
         while dogs[0].state.get(1, {}).get("progress") != 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert dogs[0].state[1] == {"rank": 1, "phase": "evaluation", "where": "valid, epoch 3", "slow": True,
-                                    "progress": 2}
+                                    "entered": 1, "progress": 2}
         assert dogs[1].state[0]["phase"] == "start-up"
         assert dogs[0].verdict() is None and dogs[1].verdict() is None
     finally:
