@@ -264,7 +264,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     time in collectives. cell "tf_ops" swaps the fused LSTM step kernel (the
     recurrent product and the cell) for TF ops, and loss "tf_ops" the fused
     softmax loss kernel. backward "unordered" leaves the order of each
-    layer's two gradient matmuls to TensorFlow (decoder.INPUT_GRADIENT_FIRST).
+    layer's two gradient matmuls to TensorFlow (the decoder's input_gradient_first).
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
     """
@@ -285,17 +285,16 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     from texar_lite import decoder, losses, optimization
     if loss == "tf_ops":
         losses.FUSED_LOSS = None  # this worker is a process of its own
-    if backward == "unordered":
-        decoder.INPUT_GRADIENT_FIRST = False
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
     plan = trainer.BatchPlan.from_config(config, ctx.size)
     model = LanguageModel(config, config["vocab_size"], seed=1234,
                           cell=decoder.TF_OPS_CELL if cell == "tf_ops" else None)
+    model.decoder.input_gradient_first = backward != "unordered"
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
-    train_step = trainer._make_train_step(model, optimizer, config, ctx, plan, seed=1234)
+    train_step = trainer.make_train_step(model, optimizer, config, ctx, plan, seed=1234)
     batches = _batches(config, data_path, ctx.rank, ctx.size, plan.global_batch)
     state = model.zero_state(plan.rows_per_rank)
     epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
@@ -866,7 +865,7 @@ def torch_line(results):
     rounds = t.get("rounds_words_per_s", [t["words_per_s"]])
     spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
     return (f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
-            f"{t['steps']} steps a run, same session): **{t['words_per_s']:.0f} words/s**{spread_text}; "
+            f"{t['steps']} steps a run, timed in the same run as ours): **{t['words_per_s']:.0f} words/s**{spread_text}; "
             f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.")
 
 
@@ -874,8 +873,10 @@ def render(results, command):
     """The generated part of BENCHMARKS.md, as Markdown."""
     mm = results["matmul"]
     mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
-    lines = [MARK_BEGIN, "", f"Measured {results['started']} on {results['cores']} cores of "
-             f"{results.get('cpu', 'an unrecorded CPU')} with `{command}`. "
+    # The date alone, and the command without --json's file, which stays outside the tree.
+    shown = re.sub(r" --json[= ]\S+", "", command)
+    lines = [MARK_BEGIN, "", f"Measured {results['started'].split()[0]} on {results['cores']} cores of "
+             f"{results.get('cpu', 'an unrecorded CPU')} with `{shown}`. "
              f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...`; the rows "
              "with collective times ran a second time with HOROVOD_TIMELINE=DYNAMIC, which slows the step, "
              "and report that run's ms/step.", ""]
@@ -999,7 +1000,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if not args.no_report:
-        write_report(results, results.get("command") or f"python bench.py (saved in {args.report_from})")
+        write_report(results, results.get("command") or "python bench.py")
     return 0
 
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from runtime import logs
 from runtime.config import load_config
 from runtime.context import LocalContext
-from runtime.trainer import BatchPlan, _make_train_step, make_eval_step
+from runtime.trainer import BatchPlan, make_eval_step, make_train_step
 from texar_lite import decoder, losses, op_selection, optimization
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import OpChoice, choose_ops
@@ -101,7 +101,7 @@ def _traced_op_types(device):
     model = LanguageModel(config, 50, seed=1, device=device)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
-    train_step = _make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 1)
+    train_step = make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 1)
     ids = tf.TensorSpec([4, 3], tf.int32)
     state = tf.TensorSpec([2, 2, 4, 64], tf.float32)
     scalar = tf.TensorSpec([], tf.int64)

@@ -15,9 +15,6 @@ PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 # the otherwise serial recurrent chains. 2 chunks: a small step in 32.5 ms
 # against 34 in one piece; 3 or more lose the gain again to smaller matmuls.
 TIME_CHUNKS = 2
-# _affine's backward computes the input gradient before the kernel gradient
-# (why: its docstring). The benchmark's lever row sets this False to measure it.
-INPUT_GRADIENT_FIRST = True
 
 
 def default_hparams():
@@ -37,10 +34,17 @@ class LSTMDecoder(tf.Module):
     """
 
     def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
-                 cell=None, device="CPU", name="lstm_decoder"):
+                 cell=None, device="CPU", time_chunks=TIME_CHUNKS, input_gradient_first=True,
+                 name="lstm_decoder"):
         """device: where the model runs ("CPU", "GPU:0"); with precision it picks the cell
-        (texar_lite/op_selection.py) unless `cell` is given."""
+        (texar_lite/op_selection.py) unless `cell` is given. time_chunks: how many pieces
+        the layers run over time in (TIME_CHUNKS). input_gradient_first: each affine
+        layer's backward computes the input gradient before the kernel gradient (why:
+        _affine_function); False leaves the order to TensorFlow, the same values, for the
+        benchmark's lever row. Both are read when the call is traced."""
         super().__init__(name=name)
+        self.time_chunks = time_chunks
+        self.input_gradient_first = input_gradient_first
         self.cell = cell or default_cell(precision, device)
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
@@ -88,7 +92,7 @@ class LSTMDecoder(tf.Module):
 
     def _affine(self, x, kernel, bias):
         if self.matmul_dtype == tf.float32:
-            return _affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
+            return _AFFINE[self.input_gradient_first](x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
         return self._matmul(x, kernel) + bias
 
     def _gate_bias(self, layer):
@@ -113,7 +117,7 @@ class LSTMDecoder(tf.Module):
         h = [state[layer, 1] for layer in range(self.num_layers)]
         kernels = [tf.cast(kernel, self.matmul_dtype) for kernel in self.recurrent_kernels]
         biases = [self._gate_bias(layer) for layer in range(self.num_layers)]
-        chunks = min(TIME_CHUNKS, num_steps)
+        chunks = min(self.time_chunks, num_steps)
         bounds = [num_steps * chunk // chunks for chunk in range(chunks + 1)]
         # split, not slices: a slice's gradient is a zero block of the whole
         # input with its part filled in, one per chunk, summed; split's is one concat.
@@ -138,8 +142,7 @@ class LSTMDecoder(tf.Module):
         return logits, tf.stack([tf.stack([c[layer], h[layer]]) for layer in range(self.num_layers)])
 
 
-@tf.custom_gradient
-def _affine(x, kernel, bias):
+def _affine_function(input_gradient_first):
     """x [N, D] x kernel [D, K] + bias [K] (the softmax layer, and each LSTM layer's input projection).
 
     The bias gradient is a column sum over the [N, K] output gradient; for
@@ -160,18 +163,26 @@ def _affine(x, kernel, bias):
     d_x is a BatchMatMulV2 with adj_y, not MatMul with transpose_b: the same
     product, but TF's oneDNN path runs the softmax layer's [400, 10000] x
     [10000, 200] at 170-188 GFLOP/s that way against 147-164 (small step
-    41.3 -> 39.4 ms, five alternating rounds).
+    41.3 -> 39.4 ms, five alternating rounds). input_gradient_first=False
+    drops the order, for the benchmark's lever row.
     """
-    out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+    @tf.custom_gradient
+    def affine(x, kernel, bias):
+        out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
-    def grad(d_out):
-        d_x = tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
-        with tf.control_dependencies([d_x] if INPUT_GRADIENT_FIRST else []):
-            x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
-        d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
-        return d_x, d_kernel, tf.reshape(d_bias, [-1])
+        def grad(d_out):
+            d_x = tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
+            with tf.control_dependencies([d_x] if input_gradient_first else []):
+                x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
+            d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
+            return d_x, d_kernel, tf.reshape(d_bias, [-1])
 
-    return out, grad
+        return out, grad
+
+    return affine
+
+
+_AFFINE = {order: _affine_function(order) for order in (True, False)}
 
 
 class _TfOpsCell:
