@@ -50,7 +50,7 @@ REMOTE_SESSION = """#!/bin/sh
 hostname "$1" || exit 255
 setsid sh -c "$2" <&0 &
 session=$!
-trap 'kill -HUP -- -$session 2>/dev/null; kill -CONT -- -$session 2>/dev/null; exit 255' TERM HUP INT
+trap 'kill -HUP -$session 2>/dev/null; kill -CONT -$session 2>/dev/null; exit 255' TERM HUP INT
 wait $session
 """
 

@@ -31,7 +31,7 @@ HANG_TIMEOUT_S = 15
 # The watchdog's timeout, plus the Open MPI daemon's grace, plus the
 # launcher's own teardown: the issue's bound for a test-sized timeout is 45 s.
 BOUND_S = 45
-STEPS = 150
+STEPS = 60
 MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "host1:1,host2:1", "-bind-to", "none",
           "-map-by", "slot", "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
 HOROVODRUN = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "host1:1,host2:1"]
@@ -54,15 +54,25 @@ def cluster(tmp_path):
         shutil.rmtree(hosts.workdir, ignore_errors=True)
 
 
+def corpus_with_valid_of(tmp_path_factory, times):
+    """The synthetic corpus with a valid split `times` its train split, so that
+    rank 0's evaluation takes seconds."""
+    path = tmp_path_factory.mktemp(f"valid_x{times}")
+    synthetic_ptb.write_synthetic_corpus(str(path), vocab=250, successors=4, train_words=200000, seed=1234)
+    (path / "ptb.valid.txt").write_text((path / "ptb.train.txt").read_text() * times)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def long_valid_corpus(tmp_path_factory):
-    """The synthetic corpus with a valid split five times its train split: rank
-    0's evaluation then takes longer than a 10 s watchdog, and long enough to
-    cut the link in the middle of it."""
-    path = tmp_path_factory.mktemp("long_valid")
-    synthetic_ptb.write_synthetic_corpus(str(path), vocab=250, successors=4, train_words=200000, seed=1234)
-    (path / "ptb.valid.txt").write_text((path / "ptb.train.txt").read_text() * 5)
-    return str(path)
+    """Long enough to cut the link in the middle of the evaluation."""
+    return corpus_with_valid_of(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="module")
+def longer_valid_corpus(tmp_path_factory):
+    """Evaluations that outlast a 10 s watchdog."""
+    return corpus_with_valid_of(tmp_path_factory, 4)
 
 
 def train_args(corpus, output_dir, *extra, epochs=3):
@@ -249,31 +259,33 @@ def test_a_killed_horovodrun_leaves_no_rank_behind(cluster, synthetic_corpus, tm
     outcome, seconds, left = strike(cluster, HOROVODRUN, train_args(synthetic_corpus[0], out), MID_EPOCH_2,
                                     lambda h: os.kill(launcher_pid(h, "horovodrun"), signal.SIGKILL),
                                     "horovodrun killed", delay=1.0)
+    position = checkpoint_position(latest_checkpoint(out))
     record("SIGKILL to horovodrun", "horovodrun --gloo", seconds, outcome.returncode,
-           "(horovodrun is gone; the ranks end on their own)", len(left),
-           checkpoint_position(latest_checkpoint(out)))
+           "(horovodrun is gone; the ranks end on their own)", len(left), position)
     assert outcome.returncode == -signal.SIGKILL
     assert left == []
-    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+    # The hang-up of the ranks' sessions reaches them as a signal: they may
+    # agree to stop and save where they are, or end before that.
+    assert position[0] == 1
 
 
 # --- no false alarms ---------------------------------------------------------
 
-def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, long_valid_corpus, tmp_path):
+def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, longer_valid_corpus, tmp_path):
     """A 5 Mbit/s link (each step about 10x slower), a rank-0 evaluation longer
     than the timeout, the first step's tracing and every checkpoint, all under a
     10 s watchdog."""
     cluster.cap("5mbit")
     out = tmp_path / "out"
-    args = train_args(long_valid_corpus, out, epochs=2)
+    args = train_args(longer_valid_corpus, out, epochs=1)
     args[args.index("--hang_timeout") + 1] = "10"
     args[args.index("--max_steps_per_epoch") + 1] = "40"
     outcome = cluster.start("host1", [*MPIRUN, *args], env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(200)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.left_behind == []
-    assert json.loads((out / "results.json").read_text())["epochs"] == 2
+    assert json.loads((out / "results.json").read_text())["epochs"] == 1
     # Each evaluation outlasted the watchdog: from the last step's line to the epoch's line.
-    stamps = re.findall(r"^(\d\d):(\d\d):(\d\d) (1\.000 perplexity|epoch \d/2: train)", outcome.stdout, re.M)
+    stamps = re.findall(r"^(\d\d):(\d\d):(\d\d) (1\.000 perplexity|epoch 1/1: train)", outcome.stdout, re.M)
     seconds = [int(h) * 3600 + int(m) * 60 + int(s) for h, m, s, _ in stamps]
     evaluations = [(seconds[i + 1] - seconds[i]) % 86400 for i in range(0, len(seconds), 2)]
-    assert len(evaluations) == 2 and min(evaluations) > 10, stamps
+    assert len(evaluations) == 1 and evaluations[0] > 10, stamps

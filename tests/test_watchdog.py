@@ -111,7 +111,8 @@ def test_heartbeats_carry_phase_and_progress_over_udp():
         dogs[1].enter("evaluation", "valid, epoch 3", slow=True)
         dogs[1].beat()
         deadline = time.monotonic() + 5
-        while dogs[0].state.get(1, {}).get("progress") != 2 and time.monotonic() < deadline:
+        while (dogs[0].state.get(1, {}).get("progress") != 2 or 0 not in dogs[1].state) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
         assert dogs[0].state[1] == {"rank": 1, "phase": "evaluation", "where": "valid, epoch 3", "slow": True,
                                     "entered": 1, "progress": 2}
