@@ -1,0 +1,50 @@
+"""The one launcher of every multi-process test (runtime/launch.py): a hang
+ends at its bound, and nothing it started survives, wherever it went."""
+import sys
+import time
+
+from runtime.launch import Launch, tagged_pids
+
+# A launcher that hangs, with a child in a process group of its own (as Open
+# MPI gives each rank) and one in a new session (as horovodrun gives its
+# workers): both outlive it when only its group is killed.
+HANGING = """
+import os, subprocess, sys, time
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(1000)"])
+print("started", flush=True)
+time.sleep(1000)
+"""
+
+# A launcher that returns at once and leaves an orphan behind.
+LEAVING = """
+import subprocess
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+"""
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_a_hanging_launch_ends_at_its_bound_and_leaves_no_process():
+    launch = Launch([sys.executable, "-c", HANGING])
+    try:
+        assert wait_for(lambda: len(tagged_pids(launch.tag)) == 3)  # the launcher and its two children
+    finally:
+        outcome = launch.finish(5)
+    assert outcome.timed_out
+    assert 5 <= outcome.seconds < 10
+    assert outcome.stdout == "started\n"
+    assert tagged_pids(launch.tag) == []
+
+
+def test_a_process_that_outlives_its_launcher_is_reported_and_killed():
+    launch = Launch([sys.executable, "-c", LEAVING])
+    outcome = launch.finish(30, linger_s=1)
+    assert not outcome.timed_out and outcome.returncode == 0
+    assert len(outcome.left_behind) == 1 and outcome.left_behind[0].endswith("sleep 1000")
+    assert tagged_pids(launch.tag) == []
