@@ -34,6 +34,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+
+from runtime.launch import Launch, run_bounded  # noqa: E402
+
 PYTHON = sys.executable
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "HOROVOD_TIMELINE",
@@ -464,7 +468,7 @@ def run_worker(task, ranks=0, env=None, mca=None, timeout=900):
         params = [arg for key, value in {**MCA, **(mca or {})}.items() for arg in ("-mca", key, value)]
         command = [*MPIRUN, *params, "-np", str(ranks), *command]
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, **(env or {}))
-    proc = subprocess.run(command, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = run_bounded(command, timeout, env=full_env, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
             result = json.loads(line[len(RESULT_TAG):])
@@ -481,16 +485,19 @@ def run_unsynced(task, ranks=2, timeout=900):
     one thread and no communication. Against the Horovod 2x1 row this gives what communication
     adds to the step. Returns the slowest rank's result (the step a synchronised run would wait for)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-    procs = [subprocess.Popen([PYTHON, os.path.join(ROOT, "bench.py"), "--worker",
-                               json.dumps({**task, "unsynced_rank": [rank, ranks]})],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(ranks)]
+    launches = [Launch([PYTHON, os.path.join(ROOT, "bench.py"), "--worker",
+                        json.dumps({**task, "unsynced_rank": [rank, ranks]})], env=env, cwd=ROOT)
+                for rank in range(ranks)]
+    try:
+        outcomes = [launch.finish(timeout) for launch in launches]
+    finally:
+        for launch in launches:
+            launch.finish(0, linger_s=0)
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout)
-        tagged = [line for line in out.splitlines() if line.startswith(RESULT_TAG)]
+    for proc in outcomes:
+        tagged = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
         if not tagged:
-            raise RuntimeError(f"unsynced benchmark rank failed ({proc.returncode}):\n{err[-4000:]}")
+            raise RuntimeError(f"unsynced benchmark rank failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         results.append(json.loads(tagged[0][len(RESULT_TAG):]))
     slowest = max(results, key=lambda r: r["ms_per_step"][0])
     # Each worker already counts the global batch's tokens and FLOPs; its words/s stand as they are.

@@ -44,9 +44,10 @@ def describe(pid):
     return f"{pid} {b' '.join(words).decode(errors='replace').strip()[:160]}"
 
 
-def kill_tagged(tag, limit_s=10.0):
-    """SIGKILLs every tagged process until none is left; returns those it found first."""
-    found = tagged_pids(tag)
+def kill_until_gone(list_pids, limit_s=10.0):
+    """SIGKILLs the processes list_pids() names until it names none (a
+    launcher may start one more while dying); returns those it found first."""
+    found = list_pids()
     described = [describe(pid) for pid in found]
     deadline = time.monotonic() + limit_s
     pids = found
@@ -57,8 +58,13 @@ def kill_tagged(tag, limit_s=10.0):
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-        pids = tagged_pids(tag)
+        pids = list_pids()
     return described
+
+
+def kill_tagged(tag, limit_s=10.0):
+    """SIGKILLs every tagged process until none is left; returns those it found first."""
+    return kill_until_gone(lambda: tagged_pids(tag), limit_s)
 
 
 @dataclasses.dataclass

@@ -17,12 +17,10 @@ egress. `close` kills every process in the namespaces and removes them.
 """
 import os
 import shutil
-import signal
 import subprocess
-import time
 import uuid
 
-from runtime.launch import Launch
+from runtime.launch import Launch, kill_until_gone
 
 SUBNET = "10.213.0"
 PREFIX = "lmt"
@@ -85,16 +83,7 @@ def _namespace_pids(name):
 
 
 def _kill_namespace(name):
-    for _ in range(50):
-        pids = _namespace_pids(name)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    kill_until_gone(lambda: _namespace_pids(name))
 
 
 class Cluster:

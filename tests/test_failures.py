@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb, mpirun, run_command
+from runtime.launch import Launch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -218,29 +219,25 @@ def test_disk_full_mid_training_keeps_the_last_checkpoint(tmpfs, synthetic_corpu
     out = disk / "out"
     args = tiny(synthetic_corpus[0], out, "--keep_checkpoints", "1", epochs=500)
     cmd = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args]
-    with open(disk.parent / "full.err", "w+") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV), stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 90
-            while not (out / "checkpoints" / "checkpoint").exists():
-                assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
-                time.sleep(0.2)
-            filled = time.monotonic()
-            with open(disk / "ballast", "wb") as ballast:
-                try:
-                    while True:
-                        ballast.write(b"\0" * 65536)
-                        ballast.flush()
-                except OSError:
-                    pass
-            proc.wait(timeout=90)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT, workdir=str(disk.parent / "full"))
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "checkpoints" / "checkpoint").exists():
+            assert launch.proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
+            time.sleep(0.2)
+        filled = time.monotonic()
+        with open(disk / "ballast", "wb") as ballast:
+            try:
+                while True:
+                    ballast.write(b"\0" * 65536)
+                    ballast.flush()
+            except OSError:
+                pass
+        assert launch.wait(90), "still running 90 s after the disk filled"
         seconds = time.monotonic() - filled
-        err.seek(0)
-        result = subprocess.CompletedProcess(cmd, proc.returncode, "", err.read())
+    finally:
+        outcome = launch.finish(0)
+    result = subprocess.CompletedProcess(cmd, outcome.returncode, "", outcome.stderr)
     record("disk full mid-training (8 MB tmpfs filled)", ["python", "lm_ptb.py", *args], result, seconds)
     # Usually the checkpoint is the first write to fail; metrics.jsonl may be, by a page.
     assert_one_clean_error(result, 1, "No space left on device")
@@ -314,27 +311,26 @@ HOROVODRUN_SIGTERM_EXIT = 1
 
 
 def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
-    """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit)."""
-    out_path, err_path = logdir / "stdout", logdir / "stderr"
-    with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV, **(env or {})), stdout=out,
-                                stderr=err, start_new_session=True)
+    """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit).
+
+    Whatever of the run is left when it ends or times out is killed (runtime/launch.py)."""
+    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=ROOT, workdir=str(logdir))
     deadline = time.monotonic() + timeout
     try:
-        while not re.search(pattern, out_path.read_text()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"never saw {pattern!r}: {err_path.read_text()[-3000:]}")
+        while not re.search(pattern, launch.stdout()):
+            if launch.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"never saw {pattern!r}: {launch.stderr()[-3000:]}")
             time.sleep(0.2)
         sent = time.monotonic()
-        proc.send_signal(signum)
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after {timeout}s (a hang): {' '.join(cmd)}")
+        launch.send_signal(signum)
+        ended = launch.wait(max(1.0, deadline - time.monotonic()))
+        seconds = time.monotonic() - sent
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    seconds = time.monotonic() - sent
-    return subprocess.CompletedProcess(cmd, proc.returncode, out_path.read_text(), err_path.read_text()), seconds
+        outcome = launch.finish(0)
+    if not ended:
+        pytest.fail(f"still running after {timeout}s (a hang): {' '.join(cmd)}")
+    assert outcome.left_behind == [], outcome.left_behind
+    return subprocess.CompletedProcess(cmd, outcome.returncode, outcome.stdout, outcome.stderr), seconds
 
 
 def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum, code, env=None, rank_prefix=""):

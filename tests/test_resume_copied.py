@@ -4,34 +4,16 @@ Checkpoints must not hold absolute paths: after the copy the original folder
 is deleted, so a path into it would fail the resume or silently pick up
 nothing.
 """
-import json
 import os
 import shutil
 import tempfile
 
 import pytest
 
-from conftest import TINY_CONFIG, lm_ptb
+from conftest import lm_ptb
+from test_resume import args, ok, results
 
 pytestmark = pytest.mark.timeout(400)
-
-STEPS = 12
-DROPOUT = ("--set", "cell.dropout.output_keep_prob=0.5", "--set", "emb.dropout_rate=0.5")
-
-
-def args(corpus, output_dir, epochs, *extra):
-    return ["--config", TINY_CONFIG, "--data_path", corpus, "--output_dir", str(output_dir),
-            "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}", *DROPOUT, *extra]
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def results(output_dir):
-    with open(os.path.join(str(output_dir), "results.json")) as f:
-        return json.load(f)
 
 
 @pytest.fixture
