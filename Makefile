@@ -23,6 +23,7 @@ $(SYNTH)/ptb.train.txt: synthetic_ptb.py | setup
 synthetic: $(SYNTH)/ptb.train.txt
 
 test: setup
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 
 demo: setup synthetic

@@ -872,7 +872,8 @@ def torch_line(results):
     rounds = t.get("rounds_words_per_s", [t["words_per_s"]])
     spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
     return (f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
-            f"{t['steps']} steps a run, timed in the same run as ours): **{t['words_per_s']:.0f} words/s**{spread_text}; "
+            f"{t['steps']} steps a run, timed in the same run as ours): "
+            f"**{t['words_per_s']:.0f} words/s**{spread_text}; "
             f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.")
 
 

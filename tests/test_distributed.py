@@ -128,7 +128,8 @@ def test_per_worker_batches_scale_the_learning_rate(tmp_path, synthetic_corpus, 
     data, _ = synthetic_corpus
     result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
                         "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--set", "batch_mode=per_worker",
-                        "--set", f"learning_rate.scale_by_worker={mode}", "--set", "opt.optimizer.kwargs.learning_rate=0.5"])
+                        "--set", f"learning_rate.scale_by_worker={mode}",
+                        "--set", "opt.optimizer.kwargs.learning_rate=0.5"])
     assert result.returncode == 0, result.stderr
     results = _results(tmp_path)
     assert results["global_batch_size"] == 40

@@ -135,7 +135,8 @@ def test_cli_writes_png(two_runs, tmp_path, capsys):
 
 
 # Two more runs with RUN_1's epochs, so that a band of three has a mean that is not its midpoint.
-RUN_1B = [dict(r, train_ppl=t, valid_ppl=v) for r, t, v in zip(RUN_1, (1000.25, 240.125, 150.3), (311.5, 170.0625, 149.7))]
+RUN_1B = [dict(r, train_ppl=t, valid_ppl=v)
+          for r, t, v in zip(RUN_1, (1000.25, 240.125, 150.3), (311.5, 170.0625, 149.7))]
 RUN_1C = [dict(r, train_ppl=t, valid_ppl=v) for r, t, v in zip(RUN_1, (800.0, 260.0, 145.0), (290.0, 200.0, 152.0))]
 # Worked out by hand from RUN_1, RUN_1B and RUN_1C, epoch by epoch: (mean, min, max).
 BAND_TRAIN = ([2712.5 / 3, 750.25 / 3, 435.6 / 3], [800.0, 240.125, 140.3], [1000.25, 260.0, 150.3])

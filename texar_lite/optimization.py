@@ -42,7 +42,8 @@ def optimizer_class(type_name):
     cls = getattr(tf.keras.optimizers, keras_name, None)
     if not (isinstance(cls, type) and issubclass(cls, tf.keras.optimizers.Optimizer)):
         known = sorted(set(TF1_NAMES) | {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "RMSprop", "Nadam"})
-        raise ValueError(f"opt.optimizer.type {type_name!r} is not a TensorFlow optimizer; use one of {', '.join(known)}")
+        raise ValueError(f"opt.optimizer.type {type_name!r} is not a TensorFlow optimizer; "
+                         f"use one of {', '.join(known)}")
     return cls
 
 
@@ -69,7 +70,8 @@ def learning_rate_at_epoch(hparams, epoch):
     if decay.type == "none":
         return lr
     if decay.type not in DECAY_TYPES:
-        raise ValueError(f"opt.learning_rate_decay.type {decay.type!r} is not supported; use one of {', '.join(DECAY_TYPES)}")
+        raise ValueError(f"opt.learning_rate_decay.type {decay.type!r} is not supported; "
+                         f"use one of {', '.join(DECAY_TYPES)}")
     exponent = max(0, epoch - decay.start_decay_step) / decay.kwargs.decay_steps
     if decay.kwargs.staircase:
         exponent = math.floor(exponent)
