@@ -168,7 +168,9 @@ class HorovodContext(LocalContext):
         return self.broadcast_object(result, name="chief_result")
 
     def start_watchdog(self, timeout_s):
-        if not timeout_s:
+        # A world of one has no peer to wait for, and may well outlive its
+        # parent shell on purpose (nohup).
+        if not timeout_s or self.size == 1:
             return
         self.watchdog = Watchdog(self.rank, self.size, timeout_s)
         # Started before the exchange, so that a rank that never joins it

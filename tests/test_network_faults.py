@@ -195,6 +195,22 @@ def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, long_valid_c
           "rank 1 on host2 went silent during evaluation (valid, epoch 2)", code=-signal.SIGKILL)
 
 
+def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, tmp_path):
+    """A 1200-unit model makes epoch 1's checkpoint two writes of 92 MB: the link is cut
+    as rank 0 starts it, while rank 1 waits for it at the rendezvous."""
+    out = tmp_path / "out"
+    big = ["--set", "cell.kwargs.num_units=1200", "--set", "emb.dim=1200", "--max_steps_per_epoch", "4"]
+    outcome, seconds, left = strike(cluster, MPIRUN, train_args(synthetic_corpus[0], out, *big, epochs=2),
+                                    r"epoch 1/2: train perplexity", lambda h: h.cut("host2"), "cut in checkpoint")
+    errors = error_lines(outcome.stderr)
+    record("link cut during epoch 1's checkpoint", "mpirun", seconds, outcome.returncode,
+           errors[0] if errors else "", len(left), checkpoint_position(latest_checkpoint(out)))
+    assert outcome.returncode == -signal.SIGKILL and seconds < BOUND_S and left == []
+    assert len(errors) == 1 and "rank 1 on host2 went silent during checkpoint (end of epoch 1)" in errors[0], errors
+    # Rank 0 finished writing; only the rendezvous after it was cut off.
+    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+
+
 # mpirun passes on rank 0's status; horovodrun exits 1 whatever its ranks did.
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
 def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
