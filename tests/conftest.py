@@ -1,13 +1,16 @@
 """Shared fixtures: the synthetic corpus, the tiny config, and launchers with hard timeouts."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import cluster as cluster_lib  # noqa: E402
 import synthetic_ptb  # noqa: E402
 from runtime.launch import run_bounded  # noqa: E402
 
@@ -21,6 +24,25 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none"
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH",
           "-mca", "pml", "ob1", "-mca", "btl", "tcp,self", "-mca", "mpi_yield_when_idle", "1"]
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+# The README's command for real hosts, less the host list.
+CLUSTER_MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
+                  "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+
+
+@pytest.fixture
+def cluster():
+    """Two namespace hosts, host1 and host2 (tests/cluster.py), removed after the test."""
+    reason = cluster_lib.unavailable_reason()
+    if reason:
+        pytest.skip(f"no namespace hosts: {reason}")
+    cluster_lib.remove_stale()
+    # A short path: Open MPI's session folders must fit a socket path.
+    hosts = cluster_lib.Cluster(2, tempfile.mkdtemp(prefix="cl.", dir="/tmp"))
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+        shutil.rmtree(hosts.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

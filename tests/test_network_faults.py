@@ -14,16 +14,13 @@ test_failures.py; RELIABILITY.md's table is such a run.
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
 
 import pytest
 
-import cluster as cluster_lib
 import synthetic_ptb
-from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
+from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
 from runtime.launch import describe
 from test_failures import checkpoint_position, error_lines, latest_checkpoint
 
@@ -32,26 +29,12 @@ HANG_TIMEOUT_S = 15
 # launcher's own teardown: the issue's bound for a test-sized timeout is 45 s.
 BOUND_S = 45
 STEPS = 60
-MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "host1:1,host2:1", "-bind-to", "none",
-          "-map-by", "slot", "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+MPIRUN = [*CLUSTER_MPIRUN, "-H", "host1:1,host2:1"]
+# mpirun exits with rank 0's status (3, the watchdog's) unless the guard had
+# to SIGKILL it; horovodrun exits 1 whatever its ranks did.
 HOROVODRUN = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "host1:1,host2:1"]
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    reason = cluster_lib.unavailable_reason()
-    if reason:
-        pytest.skip(f"no namespace hosts: {reason}")
-    cluster_lib.remove_stale()
-    # Short paths: Open MPI's session folders must fit a socket path.
-    hosts = cluster_lib.Cluster(2, tempfile.mkdtemp(prefix="cl.", dir="/tmp"))
-    try:
-        yield hosts
-    finally:
-        hosts.close()
-        shutil.rmtree(hosts.workdir, ignore_errors=True)
 
 
 def corpus_with_valid_of(tmp_path_factory, times):
@@ -211,7 +194,6 @@ def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, 
     assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
 
 
-# mpirun passes on rank 0's status; horovodrun exits 1 whatever its ranks did.
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
 def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
@@ -221,13 +203,14 @@ def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_co
           "rank 1 on host2 went silent during training step (epoch 2", code=code)
 
 
-def test_a_rank_stuck_in_a_read_ends_the_job(cluster, synthetic_corpus, tmp_path):
+@pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
+def test_a_rank_stuck_in_a_read_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike(cluster, MPIRUN,
+    outcome, seconds, left = strike(cluster, launcher,
                                     train_args(synthetic_corpus[0], out, "--fault", "rank=1,epoch=1,step=20,mode=hang"),
                                     r"fault injection: rank 1 hang", lambda h: None, "hung read")
-    check("rank 1 blocked in a read", "mpirun", outcome, seconds, left, out,
-          "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)", code=3)
+    check("rank 1 blocked in a read", name, outcome, seconds, left, out,
+          "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)", code=code)
 
 
 def test_a_vanished_host_ends_the_job(cluster, synthetic_corpus, tmp_path):

@@ -1,0 +1,55 @@
+"""The README's commands for real hosts, run on two namespace hosts
+(tests/cluster.py): a hostfile, `--mpi-log collect` across the network, words/s
+of all ranks, and horovodrun over MPI."""
+import json
+import os
+
+import pytest
+
+from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
+
+pytestmark = pytest.mark.timeout(300)
+STEPS = 20
+
+
+def train(corpus, out, *extra):
+    return [PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), "--config", TINY_CONFIG, "--data_path", corpus,
+            "--output_dir", str(out), "--set", "num_epochs=1", "--max_steps_per_epoch", str(STEPS), *extra]
+
+
+def run(cluster, cmd):
+    outcome = cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(240)
+    assert not outcome.timed_out and outcome.returncode == 0, outcome.stderr[-3000:]
+    assert outcome.left_behind == [] and cluster.pids() == []
+    return outcome
+
+
+def test_a_hostfile_and_collect_mode_across_hosts(cluster, synthetic_corpus, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("host1 slots=1\nhost2 slots=1\n")
+    log = tmp_path / "train.log"
+    out = tmp_path / "out"
+    run(cluster, [*CLUSTER_MPIRUN, "-hostfile", hostfile,
+                  *train(synthetic_corpus[0], out, "-m", "collect", "-l", log)])
+    text = log.read_text()
+    # Rank 1's lines crossed the link to rank 0's file, and name their own host.
+    assert "[rank 0] this host             host1" in text
+    assert "[rank 1] this host             host2" in text
+    assert "[rank 1] test perplexity" in text
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["global_batch_size"] == 20
+    # words/s counts every rank's tokens: the global batch, not one rank's rows.
+    epoch = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][0]
+    assert epoch["wps"] == pytest.approx(STEPS * 20 * 10 / epoch["epoch_time_s"], rel=1e-9)
+
+
+def test_horovodrun_over_mpi_across_hosts(cluster, synthetic_corpus, tmp_path):
+    horovodrun = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+    out = tmp_path / "out"
+    run(cluster, [horovodrun, "--mpi", "--mpi-args=--allow-run-as-root", "-np", "2",
+                  "-H", "host1:1,host2:1", *train(synthetic_corpus[0], out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2
+    # Horovod ran over MPI, not Gloo, and the ranks ended with the same weights.
+    assert results["versions"]["mpi"].startswith("Open MPI")
+    assert len(results["weights_digest_per_rank"]) == 2 and len(set(results["weights_digest_per_rank"])) == 1
