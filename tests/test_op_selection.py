@@ -155,9 +155,11 @@ def test_setup_script_parses_and_make_passes_the_gpu_switch():
     import subprocess
     from conftest import ROOT
     assert subprocess.run(["bash", "-n", "scripts/setup.sh"], cwd=ROOT, capture_output=True).returncode == 0
-    dry = subprocess.run(["make", "-n", "setup", "GPU=1"], cwd=ROOT, capture_output=True, text=True)
+    # --no-print-directory: under `make test` the outer make's MAKELEVEL would add "Entering directory".
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "setup", "GPU=1"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert dry.stdout.strip() == "GPU=1 bash scripts/setup.sh"
-    dry = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True,
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "setup"], cwd=ROOT, capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin"})
     assert dry.stdout.strip() == "GPU=0 bash scripts/setup.sh"
 
