@@ -233,7 +233,7 @@ class Watchdog:
                 first = silent[0]
                 names = ", ".join(self._name(r) for r in silent)
                 verb = "went" if len(silent) == 1 else "all went"
-                message = (f"{names} {verb} silent during {self._doing(first)}: no heartbeat for "
+                message = (f"{names} {verb} silent, last heard in {self._doing(first)}: no heartbeat for "
                            f"{now - self.heard[first]:.0f} s (a cut link, or a stopped or dead process)")
                 return message, min(r for r in [self.rank, *self.peers] if r not in silent)
             slow = any(s.get("slow") for s in self.state.values())

@@ -38,7 +38,7 @@ def test_a_silent_rank_is_named_with_its_phase_after_the_timeout():
     dog.heard[0] = dog.moved[0] = 1020.5  # this rank is fine
     assert dog.verdict(now=1020.0) is None
     assert dog.verdict(now=1021.0) == (
-        "rank 1 on host2 went silent during training step (epoch 2, step 5): no heartbeat for 21 s "
+        "rank 1 on host2 went silent, last heard in training step (epoch 2, step 5): no heartbeat for 21 s "
         "(a cut link, or a stopped or dead process)", 0)
 
 
@@ -46,7 +46,7 @@ def test_across_a_partition_each_side_reports_the_other():
     dog = two_rank_view(rank=1)
     dog.heard[1] = dog.moved[1] = 1030.0
     message, reporter = dog.verdict(now=1030.0)
-    assert message.startswith("rank 0 on host2 went silent during training step")
+    assert message.startswith("rank 0 on host2 went silent, last heard in training step")
     assert reporter == 1
 
 
@@ -95,7 +95,7 @@ def test_report_uses_a_short_fuse_for_a_job_that_horovod_already_stopped():
     real_monotonic = time.monotonic
     try:
         time.monotonic = lambda: 1011.0
-        assert dog.report().startswith("rank 1 on host2 went silent during training step (epoch 2, step 5): "
+        assert dog.report().startswith("rank 1 on host2 went silent, last heard in training step (epoch 2, step 5): "
                                        "no heartbeat for 11 s")
     finally:
         time.monotonic = real_monotonic
