@@ -190,7 +190,8 @@ def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, 
     record("link cut during epoch 1's checkpoint", "mpirun", seconds, outcome.returncode,
            errors[0] if errors else "", len(left), checkpoint_position(latest_checkpoint(out)))
     assert outcome.returncode == -signal.SIGKILL and seconds < BOUND_S and left == []
-    assert len(errors) == 1 and "rank 1 on host2 went silent, last heard in checkpoint (end of epoch 1)" in errors[0], errors
+    assert len(errors) == 1, errors
+    assert "rank 1 on host2 went silent, last heard in checkpoint (end of epoch 1)" in errors[0], errors
     # Rank 0 finished writing; only the rendezvous after it was cut off.
     assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
 
