@@ -5,6 +5,7 @@ is deleted, so a path into it would fail the resume or silently pick up
 nothing.
 """
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -34,7 +35,7 @@ def test_resume_from_a_copied_output_dir_continues_exactly(tmp_path, elsewhere, 
 
     first = tmp_path / "first"
     ok(lm_ptb(args(corpus, first, 1), timeout=200))
-    copied = os.path.join(elsewhere, "copied")
+    copied = pathlib.Path(elsewhere) / "copied"
     shutil.copytree(first, copied)
     shutil.rmtree(first)  # nothing may still point into it
 
