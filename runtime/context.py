@@ -172,7 +172,7 @@ class HorovodContext(LocalContext):
         # parent shell on purpose (nohup).
         if not timeout_s or self.size == 1:
             return
-        self.watchdog = Watchdog(self.rank, self.size, timeout_s)
+        self.watchdog = Watchdog(self.rank, timeout_s)
         # Started before the exchange, so that a rank that never joins it
         # (or a launcher that dies meanwhile) is caught too.
         self.watchdog.start()

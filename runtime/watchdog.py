@@ -83,8 +83,8 @@ def local_addresses():
 class Watchdog:
     """One rank's watchdog: `start` it, then give it every rank's `card` (an allgather)."""
 
-    def __init__(self, rank, size, timeout_s, out=None):
-        self.rank, self.size, self.timeout = rank, size, float(timeout_s)
+    def __init__(self, rank, timeout_s, out=None):
+        self.rank, self.timeout = rank, float(timeout_s)
         self.interval = min(1.0, self.timeout / 10)
         self.host = socket.gethostname()
         self.out = out or sys.stderr

@@ -13,7 +13,7 @@ FAR = {"rank": 1, "host": "host2", "port": 9, "addresses": ["10.0.0.2", "10.0.1.
 
 def two_rank_view(rank=0, timeout=20.0):
     """Rank `rank`'s watchdog of a 2-rank job, not started, every clock at 1000 s."""
-    dog = Watchdog(rank, 2, timeout)
+    dog = Watchdog(rank, timeout)
     mine = dict(dog.card(), rank=rank, host="host1")
     other = dict(FAR, rank=1 - rank)
     dog.host = "host1"
@@ -28,7 +28,7 @@ def two_rank_view(rank=0, timeout=20.0):
 def test_the_far_rank_is_reached_at_every_address_and_a_near_one_on_loopback():
     dog = two_rank_view()
     assert dog.peers == {1: ("host2", [("10.0.0.2", 9), ("10.0.1.2", 9)])}
-    near = Watchdog(0, 2, 20)
+    near = Watchdog(0, 20)
     near.exchange([near.card(), dict(FAR, host=near.host)])
     assert near.peers == {1: (near.host, [("127.0.0.1", 9)])}
 
@@ -81,7 +81,7 @@ def test_tracing_gets_a_longer_allowance_but_silence_does_not():
 
 
 def test_a_rank_that_never_joins_the_start_up_is_reported():
-    dog = Watchdog(0, 2, 10)
+    dog = Watchdog(0, 10)
     start = dog.created
     assert dog.verdict(now=start + 10 * TRACING_FACTOR - 1) is None
     message, reporter = dog.verdict(now=start + 10 * TRACING_FACTOR + 1)
@@ -102,7 +102,7 @@ def test_report_uses_a_short_fuse_for_a_job_that_horovod_already_stopped():
 
 
 def test_heartbeats_carry_phase_and_progress_over_udp():
-    dogs = [Watchdog(rank, 2, 10) for rank in (0, 1)]
+    dogs = [Watchdog(rank, 10) for rank in (0, 1)]
     cards = [dog.card() for dog in dogs]
     for dog in dogs:
         dog.start()
