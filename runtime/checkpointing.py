@@ -27,21 +27,36 @@ def _reason(err):
     return text.rsplit("; ", 1)[-1]
 
 
+def fresh_position(global_batch):
+    """Where a new run starts: what a checkpoint, or an elastic commit, records."""
+    return {"epoch": 0, "step": 0, "state": None, "costs": 0.0, "elapsed": 0.0, "metrics": [],
+            "best_valid": float("inf"), "global_batch": global_batch}
+
+
+def global_lstm_state(ctx, state):
+    """Gathers every rank's [L, 2, rows, H] state into the global [L, 2, B, H] (a collective)."""
+    rows_first = tf.transpose(state, [2, 0, 1, 3])
+    gathered = ctx.allgather_rows(rows_first, name="global_lstm_state")
+    return tf.transpose(gathered, [1, 2, 0, 3]).numpy()
+
+
 class TrainCheckpoint:
-    def __init__(self, model, optimizer, output_dir, ctx, plan, config, keep=3, seed=None):
+    def __init__(self, model, optimizer, output_dir, ctx, config, keep=3, seed=None):
         self.ctx = ctx
-        self.plan = plan
         self.run_seed = seed
         self.optimizer = optimizer
+        self.keep = keep
         self.directory = os.path.join(output_dir, "checkpoints")
         self.best_directory = os.path.join(output_dir, "best")
         layers, units = config["cell"]["num_layers"], config["cell"]["kwargs"]["num_units"]
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.global_batch = tf.Variable(plan.global_batch, dtype=tf.int64, trainable=False)
+        self.global_batch = tf.Variable(0, dtype=tf.int64, trainable=False)
         # The dropout masks follow from it: another seed would not continue the run.
         self.seed = tf.Variable(-1 if seed is None else seed, dtype=tf.int64, trainable=False)
-        self.lstm_state = tf.Variable(tf.zeros([layers, 2, plan.global_batch, units]), trainable=False)
+        # Its batch dimension is the global batch of the run that saves it.
+        self.lstm_state = tf.Variable(tf.zeros([layers, 2, 0, units]), shape=[layers, 2, None, units],
+                                      trainable=False)
         self.costs = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.elapsed = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.best_valid = tf.Variable(np.inf, dtype=tf.float64, trainable=False)
@@ -53,36 +68,32 @@ class TrainCheckpoint:
         self.checkpoint = tf.train.Checkpoint(seed=self.seed, **without_seed)
         # Checkpoints written before the seed was stored still resume.
         self.seedless_checkpoint = tf.train.Checkpoint(**without_seed)
-        self.manager = self.best_manager = None
-        if ctx.is_chief:
-            self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=keep)
-            self.best_manager = tf.train.CheckpointManager(self.checkpoint, self.best_directory, max_to_keep=1)
+        self._managers = None
 
-    @staticmethod
-    def fresh_progress():
-        return {"epoch": 0, "step": 0, "state": None, "costs": 0.0, "elapsed": 0.0, "metrics": []}
+    def managers(self):
+        """(latest, best) managers, made by whichever rank writes: after an
+        elastic reset, rank 0 may be a worker that was not rank 0 before."""
+        if self._managers is None:
+            self._managers = (tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self.keep),
+                              tf.train.CheckpointManager(self.checkpoint, self.best_directory, max_to_keep=1))
+        return self._managers
 
-    def _global_state(self, state):
-        """Gathers every rank's [L, 2, rows, H] state into the global [L, 2, B, H]."""
-        rows_first = tf.transpose(state, [2, 0, 1, 3])
-        gathered = self.ctx.allgather_rows(rows_first, name="checkpoint_state")
-        return tf.transpose(gathered, [1, 2, 0, 3])
+    def save(self, position, best=False):
+        """Called on every rank with the same `position` (global LSTM state
+        included); rank 0 writes, also to best/ when `best`. Returns the
+        checkpoint path on every rank.
 
-    def save(self, epoch, step, state, costs, elapsed, metrics, valid_ppl=None):
-        """Called on every rank; rank 0 writes. Returns the checkpoint path on every rank.
-
-        (epoch, step) is where training resumes: step 0 means the epoch's start.
         A failed write (disk full, say) raises CheckpointError on every rank,
         so no rank waits in a collective for one that has given up.
         """
+        epoch, step = position["epoch"], position["step"]
         self.ctx.watch("checkpoint", f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}")
-        global_state = self._global_state(state) if state is not None else None
 
         def write():
             try:
-                return {"path": self._write(epoch, step, global_state, costs, elapsed, metrics, valid_ppl)}
+                return {"path": self._write(position, best)}
             except (OSError, tf.errors.OpError) as err:
-                previous = self.manager.latest_checkpoint or "none yet"
+                previous = self.managers()[0].latest_checkpoint or "none yet"
                 return {"error": f"cannot write a checkpoint to {self.directory} "
                                  f"({_reason(err)}); the last complete one ({previous}) "
                                  "is intact: free some space and resume from it with --resume"}
@@ -93,18 +104,17 @@ class TrainCheckpoint:
             raise CheckpointError(outcome["error"])
         return outcome["path"]
 
-    def _write(self, epoch, step, global_state, costs, elapsed, metrics, valid_ppl):
-        self.epoch.assign(epoch)
-        self.step.assign(step)
-        self.costs.assign(costs)
-        self.elapsed.assign(elapsed)
-        self.metrics.assign(json.dumps(metrics))
-        self.lstm_state.assign(global_state if global_state is not None else tf.zeros_like(self.lstm_state))
-        # Recorded before either write, so that a run resumed from the latest
-        # checkpoint compares later epochs against the true best.
-        is_best = valid_ppl is not None and valid_ppl < float(self.best_valid.numpy())
-        if is_best:
-            self.best_valid.assign(valid_ppl)
+    def _write(self, position, best):
+        latest_manager, best_manager = self.managers()
+        self.epoch.assign(position["epoch"])
+        self.step.assign(position["step"])
+        self.global_batch.assign(position["global_batch"])
+        self.costs.assign(position["costs"])
+        self.elapsed.assign(position["elapsed"])
+        self.metrics.assign(json.dumps(position["metrics"]))
+        self.best_valid.assign(position["best_valid"])
+        state = position["state"]
+        self.lstm_state.assign(state if state is not None else tf.zeros_like(self.lstm_state[:, :, :0]))
         # Numbered by training steps taken, not by the save counter that both
         # managers share, so that latest and best of one moment carry one
         # number and a resumed run never reuses a number.
@@ -112,13 +122,13 @@ class TrainCheckpoint:
         # The data files are written under temporary names and renamed, and
         # only then does the manager swap its index file in with an atomic
         # rename: a kill mid-save leaves the previous checkpoint the latest.
-        path = self.manager.save(checkpoint_number=number)
-        if is_best:
-            self.best_manager.save(checkpoint_number=number)
+        path = latest_manager.save(checkpoint_number=number)
+        if best:
+            best_manager.save(checkpoint_number=number)
         return path
 
-    def _restore_on_chief(self, resume):
-        path = self.manager.latest_checkpoint if resume == "latest" else resume
+    def _restore(self, resume, global_batch):
+        path = self.managers()[0].latest_checkpoint if resume == "latest" else resume
         if resume != "latest" and os.path.isdir(resume):
             path = tf.train.latest_checkpoint(resume)
         if not path:
@@ -136,12 +146,11 @@ class TrainCheckpoint:
             if saved_seed != self.run_seed:
                 raise CheckpointError(f"--resume: {path} was trained with --seed {saved_seed}, this run has "
                                       f"--seed {self.run_seed}; pass --seed {saved_seed} to continue it exactly")
-        # Checked before restoring: the LSTM state's shape follows the global
-        # batch, and its shape mismatch would hide the reason.
-        if saved_batch != self.plan.global_batch:
+        # Checked before restoring, so that the message names the reason.
+        if saved_batch != global_batch:
             raise CheckpointError(
                 f"--resume: {path} was trained with global batch {saved_batch}, "
-                f"this run has {self.plan.global_batch}; resume with the same global batch")
+                f"this run has {global_batch}; resume with the same global batch")
         try:
             # Every variable of this run must come from the checkpoint: one trained
             # with another config fails here instead of resuming half-initialised.
@@ -149,28 +158,21 @@ class TrainCheckpoint:
         except (tf.errors.OpError, ValueError, AssertionError) as err:
             raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
                                   "the --config and --set it was trained with") from None
-        return {"path": path, "epoch": int(self.epoch.numpy()), "step": int(self.step.numpy()),
-                "state": self.lstm_state.numpy(), "costs": float(self.costs.numpy()),
+        step = int(self.step.numpy())
+        return {"epoch": int(self.epoch.numpy()), "step": step,
+                "state": self.lstm_state.numpy() if step else None, "costs": float(self.costs.numpy()),
                 "elapsed": float(self.elapsed.numpy()), "metrics": json.loads(self.metrics.numpy().decode()),
-                "best_valid": float(self.best_valid.numpy())}
+                "best_valid": float(self.best_valid.numpy()), "global_batch": saved_batch, "path": path}
 
-    def restore(self, resume):
-        """Rank 0 restores `resume` ("latest" or a path); every rank gets the position.
-
-        The weights and optimizer slots reach the other ranks through the
-        variable broadcast that follows in the training loop.
+    def initial_position(self, resume, global_batch):
+        """Rank 0's start: the position of `resume` ("latest" or a path) with the
+        weights restored, or a fresh one, or {"error": message}; the other ranks
+        get a fresh one. No collective: the context shares rank 0's start
+        (runtime/context.py), and an elastic worker that joins later runs this too.
         """
-        payload = None
-        if self.ctx.is_chief:
-            try:
-                payload = self._restore_on_chief(resume)
-            except CheckpointError as err:
-                payload = {"error": str(err)}
-        payload = self.ctx.broadcast_object(payload, name="resume_position")
-        if "error" in payload:
-            raise CheckpointError(payload["error"])
-        self.best_valid.assign(payload["best_valid"])
-        rows = self.plan.rows_per_rank
-        start = self.ctx.rank * rows
-        payload["state"] = tf.constant(payload["state"][:, :, start:start + rows])
-        return payload
+        if not resume or not self.ctx.is_chief:
+            return fresh_position(global_batch)
+        try:
+            return self._restore(resume, global_batch)
+        except CheckpointError as err:
+            return {"error": str(err)}

@@ -12,7 +12,7 @@ import traceback
 
 import ptb_reader
 from runtime import config as config_lib
-from runtime import faults, logs, trainer
+from runtime import context, faults, logs, trainer
 from runtime.checkpointing import CheckpointError
 from runtime.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
 
@@ -57,6 +57,8 @@ def build_parser(distributed):
     parser.add_argument("--keep_checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
     parser.add_argument("--max_steps_per_epoch", type=int, default=0,
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
+    parser.add_argument("--checkpoint_every", type=int, default=0, metavar="STEPS",
+                        help="also save a checkpoint every STEPS steps inside an epoch (0 = at epoch ends only)")
     parser.add_argument("--record_step_losses", action="store_true",
                         help="add every step's global training loss to results.json (for equivalence checks)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
@@ -73,6 +75,9 @@ def build_parser(distributed):
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
         group.add_argument("--sparse_as_dense", action="store_true",
                            help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
+        group.add_argument("--commit_every", type=int, default=trainer.RunOptions.commit_every, metavar="STEPS",
+                           help="under horovodrun's elastic mode, commit the training state to memory every "
+                                "STEPS steps (and at each epoch's end): a lost host costs at most STEPS steps")
         group.add_argument("--hang_timeout", type=hang_timeout, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                            help="end the job when a rank goes silent or no rank makes progress for this long "
                                 f"(a cut link, a stopped or stuck rank, a dead launcher); exit status {HANG_EXIT}. "
@@ -83,7 +88,8 @@ def build_parser(distributed):
 def parse_args(argv=None, distributed=False):
     args = build_parser(distributed).parse_args(argv)
     for name, default in (("mpi_log", "master"), ("eval_mode", "chief"), ("fp16_allreduce", False),
-                          ("sparse_as_dense", False), ("hang_timeout", 0)):
+                          ("sparse_as_dense", False), ("hang_timeout", 0),
+                          ("commit_every", trainer.RunOptions.commit_every)):
         if not hasattr(args, name):
             setattr(args, name, default)
     return args
@@ -167,9 +173,20 @@ def _prepare(args, ctx):
     options = trainer.RunOptions(
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        record_step_losses=args.record_step_losses, fault=args.fault)
+        record_step_losses=args.record_step_losses, fault=args.fault,
+        checkpoint_every=args.checkpoint_every, commit_every=args.commit_every)
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
+    for flag in ("checkpoint_every", "commit_every"):
+        if getattr(args, flag) < 0 or (flag == "commit_every" and args.commit_every == 0):
+            raise UsageError(f"--{flag} {getattr(args, flag)}: give a number of steps"
+                             + (" of at least 1" if flag == "commit_every" else " (0 = at epoch ends only)"))
+    if getattr(ctx, "elastic", False) and all(key in os.environ for key in context.HOROVOD_DEFAULTS):
+        raise UsageError(f"{' and '.join(context.HOROVOD_DEFAULTS)} are both set: together they crash Horovod "
+                         "0.28.1 when an elastic run re-forms its world; unset one of them")
+    if getattr(ctx, "elastic", False) and args.mpi_log == "collect":
+        raise UsageError("-m collect needs a fixed rank 0, and an elastic run re-forms the world: "
+                         "use -m master or -m workers")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
     trainer.check_plan(config, data, ctx.size, args.eval_mode)
     if ctx.is_chief:

@@ -4,6 +4,7 @@ LocalContext is a world of one process. HorovodContext wraps an initialised
 `horovod.tensorflow` module; its numbered `# Horovod:` lines continue the ones
 in lm_ptb_distributed.py.
 """
+import logging
 import os
 import threading
 
@@ -11,6 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from runtime.watchdog import Watchdog
+
+log = logging.getLogger("lm_ptb")
 
 
 def heartbeat_seconds(hang_timeout=0.0):
@@ -33,9 +36,6 @@ class LocalContext:
 
     def wrap_tape(self, tape):
         return tape
-
-    def broadcast_variables(self, variables):
-        del variables
 
     def allreduce(self, tensor, op="mean", name=None):
         del op, name
@@ -64,6 +64,15 @@ class LocalContext:
     def run_on_chief(self, compute):
         """Runs compute() on rank 0 alone and hands its (picklable) result to every rank."""
         return compute()
+
+    def train(self, run, variables, start):
+        """Returns run(start): the training loop from its start position.
+
+        `variables` (the model's and the optimizer's) and `start` are rank
+        0's; a distributed context shares them first.
+        """
+        del variables
+        return run(start)
 
     def versions(self):
         return {"horovod": None, "mpi": None}
@@ -100,6 +109,17 @@ class HorovodContext(LocalContext):
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
         self.watchdog = None
+        # Under horovodrun's elastic mode the world re-forms when hosts come
+        # and go: the rank and size above change, and no collective may run
+        # outside train(), where the ranks of each new world meet.
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self._reset_reason = ""
+
+    def _renumber(self):
+        hvd = self.hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.is_chief = self.rank == 0
 
     def wrap_tape(self, tape):
         # Horovod: 3. Average the gradients over all ranks before they are
@@ -107,10 +127,41 @@ class HorovodContext(LocalContext):
         return self.hvd.DistributedGradientTape(
             tape, compression=self.compression, sparse_as_dense=self.sparse_as_dense)
 
-    def broadcast_variables(self, variables):
-        # Horovod: 4. Start every rank from rank 0's weights and optimizer
-        # slots (or from the checkpoint that rank 0 restored).
+    def train(self, run, variables, start):
+        if self.elastic:
+            return self._train_elastic(run, variables, start)
+        # Horovod: 4. Start every rank from rank 0's weights, optimizer slots
+        # and position (those of the checkpoint that rank 0 restored, say).
+        start = self.broadcast_object(start, name="start_position")
         self.hvd.broadcast_variables(variables, root_rank=0)
+        return run(start)
+
+    def _train_elastic(self, run, variables, start):
+        # Horovod: 4. The elastic state's sync() shares rank 0's variables and
+        # position at the start and after every reset (runtime/elastic.py).
+        from runtime import elastic  # imports Horovod
+        state = elastic.TrainingState(self.hvd, variables, start)
+
+        def attempt(state):
+            if self.watchdog:
+                self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
+            return run(state.position, commit=state.commit_position)
+
+        def leaving(why):
+            self._reset_reason = why
+            if self.watchdog:
+                self.watchdog.reform()
+
+        def joined():
+            self._renumber()
+            if self.watchdog:
+                self.watchdog.rank = self.rank
+            position = state.committed_position()
+            # Logged once the world has re-formed: rank 0 may be another worker now.
+            log.info("elastic: %s; the world re-formed and training goes back to the last commit, epoch %d step %d",
+                     self._reset_reason, position["epoch"] + 1, position["step"])
+
+        return elastic.run(self.hvd, attempt, state, leaving, joined)
 
     def allreduce(self, tensor, op="mean", name=None):
         ops = {"mean": self.hvd.Average, "sum": self.hvd.Sum, "max": self.hvd.Max}
@@ -126,6 +177,8 @@ class HorovodContext(LocalContext):
         return self.hvd.allgather_object(obj, name=name)
 
     def first_failure(self, failure):
+        if self.elastic:  # each worker decides alone; one that fails is replaced or ends the job
+            return (self.rank, failure) if failure is not None else None
         failures = self.allgather_object(failure, name="first_failure")
         return next(((rank, f) for rank, f in enumerate(failures) if f is not None), None)
 
@@ -172,11 +225,13 @@ class HorovodContext(LocalContext):
         # parent shell on purpose (nohup).
         if not timeout_s or self.size == 1:
             return
-        self.watchdog = Watchdog(self.rank, timeout_s)
+        self.watchdog = Watchdog(self.rank, timeout_s, elastic=self.elastic)
         # Started before the exchange, so that a rank that never joins it
-        # (or a launcher that dies meanwhile) is caught too.
+        # (or a launcher that dies meanwhile) is caught too. An elastic run
+        # exchanges in each attempt, with the ranks of that world.
         self.watchdog.start()
-        self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
+        if not self.elastic:
+            self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
 
     def stop_watchdog(self):
         if self.watchdog:
@@ -228,7 +283,14 @@ HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"
 
 
 def apply_horovod_defaults():
-    """Sets HOROVOD_DEFAULTS where the environment does not; must run before hvd.init()."""
+    """Sets HOROVOD_DEFAULTS where the environment does not; must run before hvd.init().
+
+    Not in an elastic run: with both set, Horovod 0.28.1's background thread
+    segfaults in its parameter manager when the world re-forms (in 4 resets
+    of 5 on the namespace hosts, and in none of 6 without them).
+    """
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        return
     for key, value in HOROVOD_DEFAULTS.items():
         os.environ.setdefault(key, value)
 

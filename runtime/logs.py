@@ -21,11 +21,14 @@ FORMAT = "%(asctime)s %(prefix)s%(message)s"
 
 
 class _RankFilter(logging.Filter):
-    def __init__(self, prefix):
+    def __init__(self, prefix, passes=None):
         super().__init__()
         self.prefix = prefix
+        self.passes = passes
 
     def filter(self, record):
+        if self.passes and not self.passes():
+            return False
         if not hasattr(record, "prefix"):
             record.prefix = self.prefix
         return True
@@ -115,8 +118,14 @@ class RankLogging:
         log.setLevel(logging.INFO)
         prefix = f"[rank {ctx.rank}] " if ctx.distributed and mode != "master" else ""
         formatter = logging.Formatter(FORMAT, datefmt="%H:%M:%S")
-        if mode == "collect" and ctx.distributed:
+        elastic = getattr(ctx, "elastic", False)
+        if mode == "collect" and ctx.distributed and not elastic:  # elastic: refused in cli._prepare
             self._setup_collect(formatter, prefix, log_path)
+        elif elastic and mode != "workers":
+            # Rank 0 may change at a reset: every rank can print, while it is rank 0.
+            self._add(logging.StreamHandler(sys.stdout), formatter, prefix, passes=lambda: ctx.is_chief)
+            if log_path and ctx.is_chief:
+                self._add(_file_handler(log_path), formatter, prefix, passes=lambda: ctx.is_chief)
         elif ctx.is_chief or mode == "workers":
             self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
             if log_path:
@@ -125,9 +134,9 @@ class RankLogging:
         else:
             log.addHandler(logging.NullHandler())
 
-    def _add(self, handler, formatter, prefix):
+    def _add(self, handler, formatter, prefix, passes=None):
         handler.setFormatter(formatter)
-        handler.addFilter(_RankFilter(prefix))
+        handler.addFilter(_RankFilter(prefix, passes))
         log.addHandler(handler)
         self.handlers.append(handler)
 
@@ -161,7 +170,7 @@ class RankLogging:
             handler.flush()
             if isinstance(handler, _SocketLineHandler):
                 handler.close()
-        if collective and self.mode == "collect" and self.ctx.distributed:
+        if collective and self.mode == "collect" and self.ctx.distributed and not getattr(self.ctx, "elastic", False):
             # Every sender has closed its socket once this returns; then rank 0
             # drains them before exiting.
             self.ctx.allgather_object(None, name="log_close")
@@ -177,13 +186,16 @@ def _file_handler(path):
 
 def training_summary(ctx, intra_threads, inter_threads, device, versions, precision="float32"):
     """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
-    hosts = ctx.allgather_object(socket.gethostname(), name="summary_hosts")
+    # An elastic worker may join a running world: no collective before training.
+    elastic = getattr(ctx, "elastic", False)
+    hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
     gpus = _visible_gpus()
     rows = [
         ("running", f"distributed, {ctx.size} ranks" if ctx.size > 1 else "serial"),
         ("world size", ctx.size),
         ("my rank", ctx.rank),
-        ("node list", ", ".join(sorted(set(hosts))) + f" ({len(set(hosts))} nodes)"),
+        ("node list", "elastic: the hosts of horovodrun's discovery script" if elastic
+         else ", ".join(sorted(set(hosts))) + f" ({len(set(hosts))} nodes)"),
         ("this host", socket.gethostname()),
         ("computing device", device),
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),

@@ -18,7 +18,7 @@ import tensorflow as tf
 import ptb_reader
 from runtime import logs
 from texar_lite import optimization
-from runtime.checkpointing import TrainCheckpoint
+from runtime.checkpointing import CheckpointError, TrainCheckpoint, global_lstm_state
 from runtime.config import ConfigError
 from runtime.context import weights_digest
 from texar_lite.dropout import RowDropout
@@ -50,6 +50,8 @@ class RunOptions:
     max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
     keep_checkpoints: int = 3
     record_step_losses: bool = False  # adds results["step_losses"] (one float per step)
+    checkpoint_every: int = 0         # also save a checkpoint every N steps inside an epoch (0 = at epoch ends only)
+    commit_every: int = 20            # elastic runs: commit the state every N steps (runtime/elastic.py)
     fault: str = ""                   # fault injection for tests, see runtime/faults.py
     device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)
 
@@ -209,6 +211,11 @@ def versions(ctx):
     return {"tensorflow": tf.__version__, "python": platform.python_version(), **ctx.versions()}
 
 
+def rows_of(global_state, rank, rows):
+    """This rank's rows of the global [L, 2, B, H] LSTM state."""
+    return tf.constant(global_state[:, :, rank * rows:(rank + 1) * rows])
+
+
 def train_and_evaluate(config, data, ctx, options=None):
     """Trains config on data (a ptb_reader.PTBData) and returns the results dict.
 
@@ -216,142 +223,228 @@ def train_and_evaluate(config, data, ctx, options=None):
     """
     opts = options or RunOptions()
     plan = check_plan(config, data, ctx.size, opts.eval_mode)
-    num_steps, epochs = config["num_steps"], config["num_epochs"]
-    epoch_size = ptb_reader.num_steps_per_epoch(len(data.train), plan.global_batch, num_steps)
-    if opts.max_steps_per_epoch:
-        epoch_size = min(epoch_size, opts.max_steps_per_epoch)
-    log.info("global batch %d (%d rows x %d ranks, batch_mode=%s), num_steps %d, %d steps per epoch",
-             plan.global_batch, plan.rows_per_rank, ctx.size, config["batch_mode"], num_steps, epoch_size)
-
-    # Different seeds per rank on purpose: only the broadcast below makes the
-    # ranks agree, and a test checks that it does.
+    # Different seeds per rank on purpose: only rank 0's start, shared by the
+    # context, makes the ranks agree, and a test checks that it does.
     model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
-    init_digest = weights_digest(model.trainable_variables)
-
-    checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, plan, config,
-                                 keep=opts.keep_checkpoints, seed=opts.seed)
-    progress = checkpoint.restore(opts.resume) if opts.resume else checkpoint.fresh_progress()
-    ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
-    digests = ctx.allgather_object(
-        {"before_broadcast": init_digest, "after_broadcast": weights_digest(model.trainable_variables)},
-        name="init_digests")
-
-    train_step = make_train_step(model, optimizer, config, ctx, plan, opts.seed)
-    eval_step = make_eval_step(model)
-    faults = FaultInjector(opts.fault, ctx.rank)
-    metrics = progress["metrics"]
-    board = _TensorBoard(os.path.join(opts.output_dir, "tensorboard")) if ctx.is_chief else None
-    bar = logs.StepProgress(enabled=ctx.is_chief)
-    step_losses = []
-    if ctx.is_chief:
-        os.makedirs(opts.output_dir, exist_ok=True)
-        ptb_reader.atomic_write(os.path.join(opts.output_dir, "metrics.jsonl"),
-                                "".join(json.dumps(m) + "\n" for m in metrics).encode())
-
-    evaluated = False  # the first evaluation traces its step
-    valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
-    with _Signals() as signals:
-        for epoch in range(progress["epoch"], epochs):
-            lr = optimization.learning_rate_at_epoch(config["opt"], epoch) * plan.lr_scale
-            optimizer.learning_rate.assign(lr)
-            log.info("epoch %d/%d: learning rate %.6g", epoch + 1, epochs, lr)
-            start_step = progress["step"] if epoch == progress["epoch"] else 0
-            state = progress["state"] if start_step else model.zero_state(plan.rows_per_rank)
-            costs = progress["costs"] if start_step else 0.0
-            elapsed = progress["elapsed"] if start_step else 0.0
-            tick = time.perf_counter()
-            log_every = max(1, epoch_size // 10)
-            epoch_t = tf.constant(epoch, tf.int64)
-            batches = ptb_reader.ptb_iterator(data.train, plan.global_batch, num_steps, ctx.rank, ctx.size)
-            for step, (x, y) in enumerate(batches):
-                if step >= epoch_size:
-                    break
-                if step < start_step:
-                    continue
-                faults.maybe_fire(epoch, step)
-                # Just before the step's collectives: a rank stuck in anything
-                # before them falls behind the others it keeps waiting.
-                ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
-                loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
-                                               tf.constant(1.0 if signals.received else 0.0))
-                loss = float(loss)
-                # Past ~709 nats per token the perplexity overflows a float:
-                # the model has diverged as surely as with a NaN.
-                if not math.isfinite(loss) or loss / num_steps > 700:
-                    raise TrainingError(
-                        f"loss is {loss} at epoch {epoch + 1} step {step + 1} (learning rate {lr:g}): "
-                        "lower opt.optimizer.kwargs.learning_rate or check the data")
-                costs += loss
-                bar.update(epoch + 1, step + 1, epoch_size, math.exp(costs / (step + 1) / num_steps))
-                if opts.record_step_losses:
-                    step_losses.append(loss)
-                done = step + 1
-                if bool(stop):
-                    seconds = elapsed + time.perf_counter() - tick
-                    path = checkpoint.save(epoch, done, state, costs, seconds, metrics)
-                    raise TrainingInterrupted(
-                        f"stopped by signal at epoch {epoch + 1} step {done}; checkpoint {path}. "
-                        f"Resume with --resume --output_dir {opts.output_dir}",
-                        signals.received or signal.SIGTERM)
-                if done % log_every == 0 or done == epoch_size:
-                    bar.clear()
-                    seconds = elapsed + time.perf_counter() - tick
-                    log.info("%.3f perplexity: %.3f speed: %.0f wps", done / epoch_size,
-                             math.exp(costs / done / num_steps),
-                             (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
-            seconds = elapsed + time.perf_counter() - tick
-            train_ppl = math.exp(costs / epoch_size / num_steps)
-            valid_ppl = evaluate(model, eval_step, data.valid, config, ctx, opts.eval_mode,
-                                 f"valid, epoch {epoch + 1}", first=not evaluated, counts=valid_counts)
-            evaluated = True
-            wps = epoch_size * plan.global_batch * num_steps / seconds
-            record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
-                      "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
-            metrics.append(record)
-            if board:
-                board.write(record)
-            log.info("epoch %d/%d: train perplexity %.3f, valid perplexity %.3f, lr %.6g, %.1f s, %.0f wps",
-                     epoch + 1, epochs, train_ppl, valid_ppl, lr, seconds, wps)
-            if ctx.is_chief:
-                with open(os.path.join(opts.output_dir, "metrics.jsonl"), "a") as f:
-                    f.write(json.dumps(record) + "\n")
-            checkpoint.save(epoch + 1, 0, None, 0.0, 0.0, metrics, valid_ppl=valid_ppl)
-            progress = checkpoint.fresh_progress()
-
-    test_ppl = evaluate(model, eval_step, data.test, config, ctx, opts.eval_mode, "test", first=not evaluated)
-    log.info("test perplexity %.3f", test_ppl)
-    ctx.watch("finishing")
-    final_digests = ctx.allgather_object(weights_digest(model.trainable_variables), name="final_digests")
-    results = {
-        "config": config.get("name", "config"),
-        "epochs": len(metrics),
-        "train_ppl": metrics[-1]["train_ppl"] if metrics else None,
-        "valid_ppl": metrics[-1]["valid_ppl"] if metrics else None,
-        "test_ppl": test_ppl,
-        "avg_epoch_time_s": float(np.mean([m["epoch_time_s"] for m in metrics])) if metrics else None,
-        "wps": float(np.mean([m["wps"] for m in metrics])) if metrics else None,
-        "world_size": ctx.size,
-        "global_batch_size": plan.global_batch,
-        "seed": opts.seed,
-        "lstm_cell": model.decoder.cell.name,
-        "softmax_loss": loss_name(opts.device),
-        # Lets generate.py and score.py notice a data_path with other words.
-        "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
-        "learning_rate_scale": plan.lr_scale,
-        "versions": versions(ctx),
-        "weights_digest_per_rank": final_digests,
-        "init_digests_per_rank": digests,
-        "eval_mode": opts.eval_mode,
-        "sparse_as_dense": bool(getattr(ctx, "sparse_as_dense", False)),
-        # Each rank's scored tokens in the last validation (None without one); every rank gathers.
-        "eval_tokens_per_rank": ctx.allgather_object(valid_counts.get("tokens"), name="eval_tokens"),
-        "hparams": {k: v for k, v in config.items() if k != "name"},
-    }
-    if opts.record_step_losses:
-        results["step_losses"] = step_losses
+    checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,
+                                 seed=opts.seed)
+    loop = TrainingLoop(config, data, ctx, opts, model, optimizer, checkpoint)
+    start = checkpoint.initial_position(opts.resume, plan.global_batch)
+    results = ctx.train(loop.run, list(model.variables) + list(optimizer.variables), start)
     if ctx.is_chief:
         ptb_reader.atomic_write(os.path.join(opts.output_dir, "results.json"),
                                 (json.dumps(results, indent=2) + "\n").encode())
     return results
+
+
+class TrainingLoop:
+    """From a position (a checkpoint's content) to the results, in named steps.
+
+    `run` is one attempt. An elastic run calls it again after every reset of
+    the world, from the last commit, on whatever ranks there are then.
+    """
+
+    def __init__(self, config, data, ctx, opts, model, optimizer, checkpoint):
+        self.config, self.data, self.ctx, self.opts = config, data, ctx, opts
+        self.model, self.optimizer, self.checkpoint = model, optimizer, checkpoint
+        self.init_digest = weights_digest(model.trainable_variables)
+        self.eval_step = make_eval_step(model)
+        self.faults = FaultInjector(opts.fault, ctx.rank)
+        self.board = None
+        self.evaluated = False  # the first evaluation traces its step
+        self.valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
+
+    def epoch_size(self, global_batch):
+        size = ptb_reader.num_steps_per_epoch(len(self.data.train), global_batch, self.config["num_steps"])
+        return min(size, self.opts.max_steps_per_epoch) if self.opts.max_steps_per_epoch else size
+
+    def run(self, position, commit=None):
+        """Trains from `position` to the end and returns the results, the same
+        on every rank. `commit(position)` is called at every commit point
+        (elastic runs only)."""
+        if "error" in position:
+            raise CheckpointError(position["error"])
+        ctx, config = self.ctx, self.config
+        plan = BatchPlan.from_config(config, ctx.size)
+        position = self._fit(position, plan)
+        digests = ctx.allgather_object(
+            {"before_broadcast": self.init_digest, "after_broadcast": weights_digest(self.model.trainable_variables)},
+            name="init_digests")
+        if self.opts.record_step_losses:
+            position.setdefault("step_losses", [])
+        log.info("global batch %d (%d rows x %d ranks, batch_mode=%s), num_steps %d, %d steps per epoch",
+                 plan.global_batch, plan.rows_per_rank, ctx.size, config["batch_mode"], config["num_steps"],
+                 self.epoch_size(plan.global_batch))
+        if commit is not None:
+            log.info("elastic: %d ranks from epoch %d step %d, learning rate scale %g; a commit every %d steps",
+                     ctx.size, position["epoch"] + 1, position["step"], plan.lr_scale, self.opts.commit_every)
+        if ctx.is_chief:
+            os.makedirs(self.opts.output_dir, exist_ok=True)
+            self._write_metrics(position["metrics"])
+            if self.board is None:
+                self.board = _TensorBoard(os.path.join(self.opts.output_dir, "tensorboard"))
+        train_step = make_train_step(self.model, self.optimizer, config, ctx, plan, self.opts.seed)
+        with _Signals() as signals:
+            for epoch in range(position["epoch"], config["num_epochs"]):
+                position = self._train_epoch(epoch, position, plan, train_step, signals, commit)
+        return self._finish(position, plan, digests)
+
+    def _fit(self, position, plan):
+        """The position for this world's global batch. Only batch_mode=per_worker
+        changes it with the world size (an elastic reset): the epoch goes on at
+        the same fraction of the data, from a zero LSTM state."""
+        if position["global_batch"] == plan.global_batch:
+            return position
+        old, new = self.epoch_size(position["global_batch"]), self.epoch_size(plan.global_batch)
+        step = position["step"] * new // old
+        log.info("batch_mode=per_worker: the global batch is now %d (%d ranks); epoch %d goes on at step %d of %d "
+                 "from a zero LSTM state", plan.global_batch, self.ctx.size, position["epoch"] + 1, step, new)
+        costs = position["costs"] * step / position["step"] if position["step"] else 0.0
+        return dict(position, step=step, state=None, costs=costs, global_batch=plan.global_batch)
+
+    def _write_metrics(self, metrics):
+        # Rewritten whole: an epoch that an elastic reset repeats is not listed twice.
+        path = os.path.join(self.opts.output_dir, "metrics.jsonl")
+        try:
+            ptb_reader.atomic_write(path, "".join(json.dumps(m) + "\n" for m in metrics).encode())
+        except OSError as err:
+            raise OSError(err.errno, f"cannot write {path} ({err.strerror}); it and the last checkpoint are "
+                                     "intact: free some space and resume with --resume") from None
+
+    def _snapshot(self, position, epoch, step, state, costs, seconds, step_losses):
+        """The position after `step` steps of `epoch` (a collective: it gathers the LSTM state)."""
+        snapshot = dict(position, epoch=epoch, step=step, state=global_lstm_state(self.ctx, state),
+                        costs=costs, elapsed=seconds)
+        if step_losses is not None:
+            snapshot["step_losses"] = list(step_losses)
+        return snapshot
+
+    def _train_epoch(self, epoch, position, plan, train_step, signals, commit):
+        ctx, config, opts = self.ctx, self.config, self.opts
+        num_steps, epochs = config["num_steps"], config["num_epochs"]
+        epoch_size = self.epoch_size(plan.global_batch)
+        lr = optimization.learning_rate_at_epoch(config["opt"], epoch) * plan.lr_scale
+        self.optimizer.learning_rate.assign(lr)
+        log.info("epoch %d/%d: learning rate %.6g", epoch + 1, epochs, lr)
+        start_step = position["step"]
+        resumed = start_step and position["state"] is not None
+        state = rows_of(position["state"], ctx.rank, plan.rows_per_rank) if resumed \
+            else self.model.zero_state(plan.rows_per_rank)
+        costs = position["costs"] if start_step else 0.0
+        elapsed = position["elapsed"] if start_step else 0.0
+        step_losses = position.get("step_losses")
+        bar = logs.StepProgress(enabled=ctx.is_chief)
+        tick = time.perf_counter()
+        log_every = max(1, epoch_size // 10)
+        every = [n for n in (opts.checkpoint_every, opts.commit_every if commit else 0) if n]
+        epoch_t = tf.constant(epoch, tf.int64)
+        batches = ptb_reader.ptb_iterator(self.data.train, plan.global_batch, num_steps, ctx.rank, ctx.size)
+        for step, (x, y) in enumerate(batches):
+            if step >= epoch_size:
+                break
+            if step < start_step:
+                continue
+            self.faults.maybe_fire(epoch, step)
+            # Just before the step's collectives: a rank stuck in anything
+            # before them falls behind the others it keeps waiting.
+            ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
+            loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
+                                           tf.constant(1.0 if signals.received else 0.0))
+            loss = float(loss)
+            # Past ~709 nats per token the perplexity overflows a float:
+            # the model has diverged as surely as with a NaN.
+            if not math.isfinite(loss) or loss / num_steps > 700:
+                raise TrainingError(
+                    f"loss is {loss} at epoch {epoch + 1} step {step + 1} (learning rate {lr:g}): "
+                    "lower opt.optimizer.kwargs.learning_rate or check the data")
+            costs += loss
+            bar.update(epoch + 1, step + 1, epoch_size, math.exp(costs / (step + 1) / num_steps))
+            if step_losses is not None:
+                step_losses.append(loss)
+            done = step + 1
+            if bool(stop):
+                seconds = elapsed + time.perf_counter() - tick
+                path = self.checkpoint.save(self._snapshot(position, epoch, done, state, costs, seconds, None))
+                raise TrainingInterrupted(
+                    f"stopped by signal at epoch {epoch + 1} step {done}; checkpoint {path}. "
+                    f"Resume with --resume --output_dir {opts.output_dir}",
+                    signals.received or signal.SIGTERM)
+            if done % log_every == 0 or done == epoch_size:
+                bar.clear()
+                log.info("%.3f perplexity: %.3f speed: %.0f wps", done / epoch_size,
+                         math.exp(costs / done / num_steps),
+                         (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
+            if done < epoch_size and any(done % n == 0 for n in every):
+                snapshot = self._snapshot(position, epoch, done, state, costs,
+                                          elapsed + time.perf_counter() - tick, step_losses)
+                if opts.checkpoint_every and done % opts.checkpoint_every == 0:
+                    self.checkpoint.save(snapshot)
+                if commit and done % opts.commit_every == 0:
+                    commit(snapshot)
+        seconds = elapsed + time.perf_counter() - tick
+        return self._end_epoch(epoch, position, plan, costs / epoch_size, seconds, lr, step_losses, commit)
+
+    def _end_epoch(self, epoch, position, plan, cost, seconds, lr, step_losses, commit):
+        ctx, config = self.ctx, self.config
+        epoch_size = self.epoch_size(plan.global_batch)
+        train_ppl = math.exp(cost / config["num_steps"])
+        valid_ppl = evaluate(self.model, self.eval_step, self.data.valid, config, ctx, self.opts.eval_mode,
+                             f"valid, epoch {epoch + 1}", first=not self.evaluated, counts=self.valid_counts)
+        self.evaluated = True
+        wps = epoch_size * plan.global_batch * config["num_steps"] / seconds
+        record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
+                  "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
+        metrics = [*position["metrics"], record]
+        log.info("epoch %d/%d: train perplexity %.3f, valid perplexity %.3f, lr %.6g, %.1f s, %.0f wps",
+                 epoch + 1, config["num_epochs"], train_ppl, valid_ppl, lr, seconds, wps)
+        if ctx.is_chief:
+            self.board.write(record)
+            self._write_metrics(metrics)
+        best = valid_ppl < position["best_valid"]
+        position = dict(position, epoch=epoch + 1, step=0, state=None, costs=0.0, elapsed=0.0, metrics=metrics,
+                        best_valid=min(valid_ppl, position["best_valid"]))
+        if step_losses is not None:
+            position["step_losses"] = list(step_losses)
+        self.checkpoint.save(position, best=best)
+        if commit:
+            commit(position)
+        return position
+
+    def _finish(self, position, plan, digests):
+        ctx, config, opts = self.ctx, self.config, self.opts
+        metrics = position["metrics"]
+        test_ppl = evaluate(self.model, self.eval_step, self.data.test, config, ctx, opts.eval_mode, "test",
+                            first=not self.evaluated)
+        log.info("test perplexity %.3f", test_ppl)
+        ctx.watch("finishing")
+        final_digests = ctx.allgather_object(weights_digest(self.model.trainable_variables), name="final_digests")
+        results = {
+            "config": config.get("name", "config"),
+            "epochs": len(metrics),
+            "train_ppl": metrics[-1]["train_ppl"] if metrics else None,
+            "valid_ppl": metrics[-1]["valid_ppl"] if metrics else None,
+            "test_ppl": test_ppl,
+            "avg_epoch_time_s": float(np.mean([m["epoch_time_s"] for m in metrics])) if metrics else None,
+            "wps": float(np.mean([m["wps"] for m in metrics])) if metrics else None,
+            "world_size": ctx.size,
+            "global_batch_size": plan.global_batch,
+            "seed": opts.seed,
+            "lstm_cell": self.model.decoder.cell.name,
+            "softmax_loss": loss_name(opts.device),
+            # Lets generate.py and score.py notice a data_path with other words.
+            "vocab_sha256": ptb_reader.vocab_sha256(self.data.vocab),
+            "learning_rate_scale": plan.lr_scale,
+            "versions": versions(ctx),
+            "weights_digest_per_rank": final_digests,
+            "init_digests_per_rank": digests,
+            "eval_mode": opts.eval_mode,
+            "sparse_as_dense": bool(getattr(ctx, "sparse_as_dense", False)),
+            # Each rank's scored tokens in the last validation (None without one); every rank gathers.
+            "eval_tokens_per_rank": ctx.allgather_object(self.valid_counts.get("tokens"), name="eval_tokens"),
+            "hparams": {k: v for k, v in config.items() if k != "name"},
+        }
+        if "step_losses" in position:
+            results["step_losses"] = position["step_losses"]
+        return results

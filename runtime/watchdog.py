@@ -19,7 +19,14 @@ So every rank runs a thread of its own, outside MPI and Gloo:
 - when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
   an orphan.
 In each case the rank ends itself with HANG_EXIT. The lowest rank that can
-still hear the others prints one line naming what happened. A rank whose
+still hear the others prints one line naming what happened.
+
+An elastic run (runtime/elastic.py) goes on without a lost rank, so there
+only the rank at fault leaves: the stuck rank itself, and across a partition
+the side that cannot reach horovodrun's driver. The others wait for the world
+to re-form, as long as the driver takes to find hosts, unless the rank they
+lost went silent without exiting: then the driver would wait for it for ever,
+and they end the job after `timeout`. A rank whose
 parent is an Open MPI daemon also leaves a guard behind that SIGKILLs the
 daemon if it has not ended a few seconds later, since a daemon that cannot
 reach its peers never returns.
@@ -80,11 +87,31 @@ def local_addresses():
     return found
 
 
+def driver_reachable(timeout_s=2.0):
+    """Whether this worker can open a connection to horovodrun's driver (True without one).
+
+    Across a partition both sides hear the other go silent; the side that
+    cannot reach the driver is the one cut off.
+    """
+    address = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "")
+    if not address or not port.isdigit():
+        return True
+    try:
+        with socket.create_connection((address, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 class Watchdog:
     """One rank's watchdog: `start` it, then give it every rank's `card` (an allgather)."""
 
-    def __init__(self, rank, timeout_s, out=None):
+    def __init__(self, rank, timeout_s, out=None, elastic=False):
         self.rank, self.timeout = rank, float(timeout_s)
+        self.elastic = elastic
+        self.reformed_at = None  # elastic: when the world began to re-form
+        self.waiting_for = None  # elastic: the silent peers whose exit the driver awaits
         self.interval = min(1.0, self.timeout / 10)
         self.host = socket.gethostname()
         self.out = out or sys.stderr
@@ -117,6 +144,10 @@ class Watchdog:
         """Takes every rank's card (an allgather of `card()`)."""
         now = time.monotonic()
         with self.lock:
+            self.peers.clear()
+            self.state.clear()
+            self.heard.clear()
+            self.moved = {self.rank: now}
             for card in cards:
                 if card["rank"] == self.rank:
                     continue
@@ -124,6 +155,17 @@ class Watchdog:
                 self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
                 self.heard[card["rank"]] = self.moved[card["rank"]] = now
             self.exchanged = True
+            self.reformed_at = self.waiting_for = None
+
+    def reform(self):
+        """An elastic reset begins: this world's peers are gone until the next exchange."""
+        with self.lock:
+            self.exchanged = False
+            self.reformed_at = time.monotonic()
+            self.phase, self.where, self.slow = "re-forming the world", "", False
+            self.entered += 1
+            self.progress += 1
+        self.wake.set()
 
     def start(self):
         self.moved[self.rank] = time.monotonic()
@@ -223,6 +265,12 @@ class Watchdog:
             return (f"its launcher ({self.launcher or 'parent'}, pid {self.ppid}) is gone; "
                     "this rank would be an orphan", 0)
         if not self.exchanged:
+            if self.reformed_at is not None:
+                if self.waiting_for and now - self.reformed_at > limit:
+                    return (f"re-forming the world has waited {now - self.reformed_at:.0f} s for {self.waiting_for}, "
+                            "which went silent without exiting, and horovodrun's driver waits for its exit: "
+                            "end that process, or let the discovery script drop its host", self.rank)
+                return None
             if now - self.created > limit * TRACING_FACTOR:
                 return (f"not every rank joined the start-up within {now - self.created:.0f} s "
                         "(a host that cannot be reached, or a rank that did not start)", self.rank)
@@ -235,7 +283,13 @@ class Watchdog:
                 verb = "went" if len(silent) == 1 else "all went"
                 message = (f"{names} {verb} silent, last heard in {self._doing(first)}: no heartbeat for "
                            f"{now - self.heard[first]:.0f} s (a cut link, or a stopped or dead process)")
-                return message, min(r for r in [self.rank, *self.peers] if r not in silent)
+                if not self.elastic:
+                    return message, min(r for r in [self.rank, *self.peers] if r not in silent)
+                if driver_reachable():
+                    self.waiting_for = names
+                    return None
+                return message + "; horovodrun's driver cannot be reached either: this host is the one cut off", \
+                    self.rank
             slow = any(s.get("slow") for s in self.state.values())
             allowance = limit * (TRACING_FACTOR if slow else 1)
             last_move = max(self.moved.values())
@@ -244,6 +298,8 @@ class Watchdog:
                 message = (f"{self._name(stuck)} is alive but has made no progress for "
                            f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
                            f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
+                if self.elastic:  # the stuck rank leaves; the others go on without it
+                    return (message, self.rank) if stuck == self.rank else None
                 return message, min([self.rank, *self.peers])
         return None
 
@@ -261,8 +317,10 @@ class Watchdog:
             return
         self.fired = True
         if reporter == self.rank:
-            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. The job ends "
-                           f"(--hang_timeout {self.timeout:g}); resume with --resume\n")
+            flag = f"--hang_timeout {self.timeout:g}"
+            outcome = (f"This worker leaves ({flag}); the others go on without it"
+                       if self.elastic and self.exchanged else f"The job ends ({flag}); resume with --resume")
+            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {outcome}\n")
             self.out.flush()
         self._guard_daemon()
         os._exit(HANG_EXIT)

@@ -407,24 +407,22 @@ SAVE_LOOP = """
 import sys
 import tensorflow as tf
 from runtime import config as config_lib
-from runtime.checkpointing import TrainCheckpoint
+from runtime.checkpointing import TrainCheckpoint, fresh_position
 from runtime.context import LocalContext
 from texar_lite import optimization
 from texar_lite.model import LanguageModel
-from runtime.trainer import BatchPlan
 
 config = config_lib.load_config(sys.argv[1], ["cell.kwargs.num_units=512", "emb.dim=512"])
 model = LanguageModel(config, 252, seed=1)
 optimizer = optimization.get_optimizer(config["opt"])
 optimizer.build(model.trainable_variables)
-checkpoint = TrainCheckpoint(model, optimizer, sys.argv[2], LocalContext(), BatchPlan.from_config(config, 1),
-                             config, keep=2)
+checkpoint = TrainCheckpoint(model, optimizer, sys.argv[2], LocalContext(), config, keep=2)
 optimizer.iterations.assign(int(sys.argv[3]))
 for step in range(1, 10**6):
     optimizer.iterations.assign_add(1)
     number = int(optimizer.iterations.numpy())  # the checkpoint's number
     print("saving", number, flush=True)
-    checkpoint.save(0, step, None, float(step), 0.0, [])
+    checkpoint.save(dict(fresh_position(config["batch_size"]), step=step, costs=float(step)))
     print("saved", number, flush=True)
 """
 # Seconds from the first complete save to the SIGKILL, tried in turn until one lands mid-write.

@@ -1,0 +1,194 @@
+"""Elastic training on the namespace hosts (tests/cluster.py).
+
+horovodrun --gloo --min-np 1 --max-np 2 runs lm_ptb_distributed.py on host1
+and host2, its discovery script listing the hosts of a file. The rank on
+host2 is killed mid-epoch: the job goes on from its last commit. Each commit
+is also written as a checkpoint (--checkpoint_every = --commit_every), so a
+plain run resumed from that checkpoint must take the same steps: their
+per-step losses are compared.
+"""
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb
+from test_failures import checkpoint_position, latest_checkpoint
+from runtime.launch import describe
+
+STEPS = 150
+COMMIT = 10
+HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
+WORLD = re.compile(r"elastic: (\d+) ranks from epoch (\d+) step (\d+)")
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def train_args(corpus, out, epochs, elastic=False):
+    return ["--config", TINY_CONFIG, "--data_path", corpus, "--output_dir", str(out),
+            "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}", "--keep_checkpoints", "100",
+            "--checkpoint_every", str(COMMIT), "--record_step_losses",
+            *(["--commit_every", str(COMMIT), "--hang_timeout", "15"] if elastic else [])]
+
+
+def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags):
+    hosts_file = os.path.join(cluster.workdir, "hosts.txt")
+    with open(hosts_file, "w") as f:
+        f.write("host1:1\nhost2:1\n")
+    cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
+           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *train_args(corpus, out, epochs, elastic=True)]
+    return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
+
+
+def rank_pid(cluster, host):
+    """The worker on `host`: a Python running lm_ptb_distributed.py (horovodrun's own
+    command line names the script too, as an argument)."""
+    for pid in cluster.pids(host):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(words) > 1 and words[1].endswith(b"lm_ptb_distributed.py"):
+            return pid
+    raise AssertionError(f"no worker on {host}")
+
+
+def wait_for(launch, pattern, count=1, seconds=150):
+    deadline = time.monotonic() + seconds
+    while len(re.findall(pattern, launch.stdout())) < count:
+        assert launch.proc.poll() is None, f"ended before {pattern!r}:\n{launch.stderr()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {pattern!r} in {seconds} s:\n{launch.stderr()[-3000:]}"
+        time.sleep(0.1)
+
+
+def finish(cluster, launch, seconds=240):
+    """Waits for the launch to end by itself; no process may outlive it on the hosts."""
+    ended = launch.wait(seconds)
+    settle = time.monotonic() + 10  # the far host's shells end a moment after horovodrun
+    while ended and cluster.pids() and time.monotonic() < settle:
+        time.sleep(0.2)
+    left = [describe(pid) for pid in cluster.pids()]
+    outcome = launch.finish(0, linger_s=0)
+    assert ended, f"still running {seconds} s on:\n{outcome.stdout[-3000:]}\n{outcome.stderr[-3000:]}"
+    assert not left, f"left on the hosts: {left}"
+    return outcome
+
+
+def worlds(stdout):
+    """[(world size, epoch, step)] of every attempt, as its first line tells."""
+    return [tuple(int(g) for g in m) for m in WORLD.findall(stdout)]
+
+
+def global_step(epoch, step):
+    return (epoch - 1) * STEPS + step
+
+
+def resumed_losses(corpus, tmp_path, source, number, epochs, cluster=None):
+    """Step losses of a plain run resumed from source's checkpoint ckpt-<number>:
+    one process, or with `cluster` 2 ranks across its hosts (horovodrun --gloo)."""
+    out = tmp_path / ("two_ranks" if cluster else "one_process")
+    args = [*train_args(corpus, out, epochs), "--resume", os.path.join(str(source), "checkpoints", f"ckpt-{number}")]
+    if cluster is None:
+        proc = lm_ptb(args, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        launch = cluster.start("host1", [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2",
+                                         "-H", "host1:1,host2:1", PYTHON,
+                                         os.path.join(ROOT, "lm_ptb_distributed.py"), *args],
+                               env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
+        outcome = finish(cluster, launch, 300)
+        assert outcome.returncode == 0, outcome.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())["step_losses"]
+
+
+def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_run(
+        cluster, synthetic_corpus, tmp_path):
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
+    wait_for(launch, r"0\.100 perplexity")
+    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+    lost = time.monotonic()
+    wait_for(launch, WORLD.pattern, count=2)
+    recovered = time.monotonic() - lost
+    outcome = finish(cluster, launch)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    (size1, epoch1, step1), (size2, epoch2, step2) = worlds(outcome.stdout)
+    assert (size1, epoch1, step1) == (2, 1, 0)
+    assert size2 == 1 and epoch2 == 1 and step2 > 0 and step2 % COMMIT == 0, outcome.stdout[-3000:]
+    assert "a collective failed" in outcome.stdout
+    assert recovered < 60
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 1 and results["epochs"] == 2
+    losses = results["step_losses"]
+    assert len(losses) == 2 * STEPS  # every step once: the rolled-back ones are not counted twice
+    reference = resumed_losses(synthetic_corpus[0], tmp_path, out, step2, 2)
+    np.testing.assert_allclose(losses[step2:], reference, rtol=1e-5)
+
+
+def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, synthetic_corpus, tmp_path):
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 3, "--blacklist-cooldown-range", "2", "3")
+    wait_for(launch, r"0\.100 perplexity")
+    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+    wait_for(launch, WORLD.pattern, count=3)
+    outcome = finish(cluster, launch)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    attempts = worlds(outcome.stdout)
+    assert [size for size, _, _ in attempts] == [2, 1, 2], attempts
+    (_, e1, s1), (_, e2, s2) = attempts[1], attempts[2]
+    assert "the discovery script lists other hosts" in outcome.stdout
+    shrunk, grown = global_step(e1, s1), global_step(e2, s2)
+    assert shrunk < grown < 3 * STEPS
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["epochs"] == 3
+    losses = results["step_losses"]
+    assert len(losses) == 3 * STEPS
+    one = resumed_losses(synthetic_corpus[0], tmp_path, out, shrunk, 3)
+    np.testing.assert_allclose(losses[shrunk:grown], one[:grown - shrunk], rtol=1e-5)
+    two = resumed_losses(synthetic_corpus[0], tmp_path, out, grown, 3, cluster)
+    np.testing.assert_allclose(losses[grown:], two, rtol=1e-5)
+
+
+def test_losing_every_host_ends_the_job_and_keeps_the_last_checkpoint(cluster, synthetic_corpus, tmp_path):
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
+    wait_for(launch, r"0\.200 perplexity")
+    for host in ("host2", "host1"):
+        os.kill(rank_pid(cluster, host), signal.SIGKILL)
+    outcome = finish(cluster, launch, 60)
+    assert outcome.returncode != 0
+    assert "exited with non-zero status" in outcome.stderr, outcome.stderr[-3000:]
+    epoch, step = checkpoint_position(latest_checkpoint(out))
+    assert epoch == 0 and step % COMMIT == 0 and step > 0
+    resumed = lm_ptb(train_args(synthetic_corpus[0], out, 1) + ["--resume"], timeout=200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_a_host_that_keeps_failing_ends_the_job_at_the_reset_limit(cluster, synthetic_corpus, tmp_path):
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 20, "--blacklist-cooldown-range", "1", "2",
+                           "--reset-limit", "3")
+    killed = 0
+    deadline = time.monotonic() + 300
+    while launch.proc.poll() is None and time.monotonic() < deadline:
+        # Each time host2 is in the world again (a new 2-rank attempt), it dies.
+        if sum(1 for size, _, _ in worlds(launch.stdout()) if size == 2) > killed:
+            try:
+                os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+                killed += 1
+            except AssertionError:  # not started yet
+                pass
+        time.sleep(0.2)
+    outcome = finish(cluster, launch, 60)
+    assert outcome.returncode != 0
+    assert "number of resets during elastic job exceeded limit: 3" in outcome.stderr, outcome.stderr[-3000:]
+    assert killed >= 2
+    epoch, step = checkpoint_position(latest_checkpoint(out))
+    assert step % COMMIT == 0
