@@ -19,6 +19,7 @@ import pytest
 from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb
 from test_failures import checkpoint_position, latest_checkpoint
 from runtime.launch import describe
+from test_network_faults import record
 
 STEPS = 150
 COMMIT = 10
@@ -36,13 +37,13 @@ def train_args(corpus, out, epochs, elastic=False):
             *(["--commit_every", str(COMMIT), "--hang_timeout", "15"] if elastic else [])]
 
 
-def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags):
+def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=()):
     hosts_file = os.path.join(cluster.workdir, "hosts.txt")
     with open(hosts_file, "w") as f:
         f.write("host1:1\nhost2:1\n")
     cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
-           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *train_args(corpus, out, epochs, elastic=True)]
+           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *train_args(corpus, out, epochs, elastic=True), *extra]
     return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
 
 
@@ -123,6 +124,8 @@ def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_r
     assert (size1, epoch1, step1) == (2, 1, 0)
     assert size2 == 1 and epoch2 == 1 and step2 > 0 and step2 % COMMIT == 0, outcome.stdout[-3000:]
     assert "a collective failed" in outcome.stdout
+    record("elastic: rank killed, world goes on", "horovodrun elastic", recovered, outcome.returncode,
+           f"back to the commit at step {step2}", 0, "(not needed)")
     assert recovered < 60
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 1 and results["epochs"] == 2
@@ -130,6 +133,33 @@ def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_r
     assert len(losses) == 2 * STEPS  # every step once: the rolled-back ones are not counted twice
     reference = resumed_losses(synthetic_corpus[0], tmp_path, out, step2, 2)
     np.testing.assert_allclose(losses[step2:], reference, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["cut", "hang"])
+def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
+        case, cluster, synthetic_corpus, tmp_path):
+    """Across a cut link the side that cannot reach horovodrun's driver leaves;
+    a rank stuck in a read leaves by itself. Either way Horovod sees a worker
+    exit, and re-forms the world without it instead of waiting for ever."""
+    out = tmp_path / "elastic"
+    extra = ("--fault", "rank=1,epoch=0,step=40,mode=hang") if case == "hang" else ()
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, extra=extra)
+    wait_for(launch, r"0\.200 perplexity" if case == "hang" else r"0\.100 perplexity")
+    if case == "cut":
+        cluster.cut("host2")
+    lost = time.monotonic()
+    wait_for(launch, WORLD.pattern, count=2, seconds=120)
+    recovered = time.monotonic() - lost
+    outcome = finish(cluster, launch)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert [size for size, _, _ in worlds(outcome.stdout)] == [2, 1]
+    phrase = "this host is the one cut off" if case == "cut" else "is alive but has made no progress"
+    line = next(line for line in outcome.stderr.splitlines() if phrase in line)
+    assert "This worker leaves (--hang_timeout 15); the others go on without it" in line
+    record(f"elastic: {'link cut' if case == 'cut' else 'rank stuck in a read'}, world goes on", "horovodrun elastic",
+           recovered, outcome.returncode, line.split(">:", 1)[-1], 0, "(not needed)")
+    assert recovered < 60
+    assert json.loads((out / "results.json").read_text())["world_size"] == 1
 
 
 def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, synthetic_corpus, tmp_path):

@@ -135,3 +135,63 @@ def test_hang_timeout_defaults_to_120_s_and_0_turns_it_off():
     assert cli.parse_args([], distributed=True).hang_timeout == 120
     assert cli.parse_args(["--hang_timeout", "0"], distributed=True).hang_timeout == 0
     assert cli.parse_args([], distributed=False).hang_timeout == 0
+
+
+# --- elastic runs: only the rank at fault leaves ------------------------------
+
+@pytest.fixture
+def driver(monkeypatch):
+    """A listening socket standing in for horovodrun's driver; `.close()` makes it unreachable."""
+    import socket
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_PORT", str(server.getsockname()[1]))
+    yield server
+    server.close()
+
+
+def elastic_view(rank=0):
+    dog = two_rank_view(rank)
+    dog.elastic = True
+    return dog
+
+
+def test_elastic_a_rank_that_reaches_the_driver_waits_for_the_world_to_re_form(driver):
+    dog = elastic_view()
+    dog.heard[0] = dog.moved[0] = 1030.0
+    assert dog.verdict(now=1030.0) is None
+    assert dog.waiting_for == "rank 1 on host2"
+    dog.reform()
+    start = dog.reformed_at
+    assert dog.phase == "re-forming the world" and not dog.exchanged
+    assert dog.verdict(now=start + 19) is None
+    assert dog.verdict(now=start + 21) == (
+        "re-forming the world has waited 21 s for rank 1 on host2, which went silent without exiting, and "
+        "horovodrun's driver waits for its exit: end that process, or let the discovery script drop its host", 0)
+
+
+def test_elastic_re_forming_may_wait_long_for_hosts_when_no_peer_went_silent(driver):
+    dog = elastic_view()
+    dog.reform()
+    assert dog.verdict(now=dog.reformed_at + 100 * dog.timeout) is None
+
+
+def test_elastic_the_side_that_cannot_reach_the_driver_is_the_one_cut_off(driver):
+    driver.close()
+    dog = elastic_view(rank=1)
+    dog.heard[1] = dog.moved[1] = 1030.0
+    assert dog.verdict(now=1030.0) == (
+        "rank 0 on host2 went silent, last heard in training step (epoch 2, step 5): no heartbeat for 30 s "
+        "(a cut link, or a stopped or dead process); horovodrun's driver cannot be reached either: "
+        "this host is the one cut off", 1)
+
+
+def test_elastic_only_the_stuck_rank_leaves(driver):
+    for rank, expected in ((0, None), (1, 1)):
+        dog = elastic_view(rank)
+        dog.heard[0] = dog.heard[1] = 1024.0
+        dog.state[0] = dict(dog.state[0], where="epoch 2, step 6", entered=8)  # rank 1 is behind
+        verdict = dog.verdict(now=1024.0)
+        assert (verdict and verdict[1]) == expected, verdict
