@@ -87,7 +87,8 @@ class TrainCheckpoint:
         so no rank waits in a collective for one that has given up.
         """
         epoch, step = position["epoch"], position["step"]
-        self.ctx.watch("checkpoint", f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}")
+        # position["epoch"] counts finished epochs: mid-epoch it is the current one, 0-based.
+        self.ctx.watch("checkpoint", f"epoch {epoch + 1}, step {step}" if step else f"end of epoch {epoch}")
 
         def write():
             try:
