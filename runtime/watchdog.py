@@ -33,6 +33,7 @@ reach its peers never returns.
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -323,7 +324,31 @@ class Watchdog:
             self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {outcome}\n")
             self.out.flush()
         self._guard_daemon()
+        if self.elastic and not self.exchanged:
+            self._end_elastic_driver()
         os._exit(HANG_EXIT)
+
+    def _end_elastic_driver(self):
+        """A re-forming world that waits for a frozen worker never forms, and
+        horovodrun waits for it as well: the rank on horovodrun's host ends
+        horovodrun, whose shutdown takes that worker's ssh session, and with it
+        the worker, down."""
+        pid = os.getppid()
+        while pid > 1:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")[:2]
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                return
+            if any(os.path.basename(word) == b"horovodrun" for word in words):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+                return
+            pid = parent
 
     def _guard_daemon(self):
         if self.launcher not in OPEN_MPI_DAEMONS or os.getppid() != self.ppid:

@@ -222,3 +222,21 @@ def test_a_host_that_keeps_failing_ends_the_job_at_the_reset_limit(cluster, synt
     assert killed >= 2
     epoch, step = checkpoint_position(latest_checkpoint(out))
     assert step % COMMIT == 0
+
+
+def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, synthetic_corpus, tmp_path):
+    """A SIGSTOPped worker never exits, so Horovod would wait for it for ever:
+    the survivor on horovodrun's host ends the job after --hang_timeout."""
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
+    wait_for(launch, r"0\.100 perplexity")
+    os.kill(rank_pid(cluster, "host2"), signal.SIGSTOP)
+    struck = time.monotonic()
+    outcome = finish(cluster, launch, 150)
+    seconds = time.monotonic() - struck
+    assert outcome.returncode != 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
+    line = next((line for line in outcome.stderr.splitlines() if "re-forming the world has waited" in line), None)
+    assert line and re.search(r"for rank \d on host2, which went silent without exiting", line), outcome.stderr[-3000:]
+    record("elastic: rank frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,
+           line.split(">:", 1)[-1], 0, "loads")
+    checkpoint_position(latest_checkpoint(out))
