@@ -178,6 +178,8 @@ def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, syn
     assert shrunk < grown < 3 * STEPS
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["epochs"] == 3
+    # The joining worker started from its own random weights: the state's sync broadcast rank 0's.
+    assert len(set(results["weights_digest_per_rank"])) == 1
     losses = results["step_losses"]
     assert len(losses) == 3 * STEPS
     one = resumed_losses(synthetic_corpus[0], tmp_path, out, shrunk, 3)
@@ -240,3 +242,19 @@ def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, syntheti
     record("elastic: rank frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,
            line.split(">:", 1)[-1], 0, "loads")
     checkpoint_position(latest_checkpoint(out))
+
+
+def test_per_worker_batches_follow_the_world_size_and_the_log_says_so(cluster, synthetic_corpus, tmp_path):
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 1, extra=("--set", "batch_mode=per_worker"))
+    wait_for(launch, r"0\.100 perplexity")
+    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+    outcome = finish(cluster, launch)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker)" in outcome.stdout
+    assert "elastic: 2 ranks from epoch 1 step 0, learning rate scale 2;" in outcome.stdout
+    step = worlds(outcome.stdout)[1][2]
+    assert (f"batch_mode=per_worker: the global batch is now 20 (1 ranks); epoch 1 goes on at step {step} of "
+            f"{STEPS} from a zero LSTM state") in outcome.stdout
+    assert f"elastic: 1 ranks from epoch 1 step {step}, learning rate scale 1;" in outcome.stdout
+    assert json.loads((out / "results.json").read_text())["learning_rate_scale"] == 1
