@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb
+from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
 from runtime import cli
 from runtime.config import ConfigError, load_config
 
@@ -80,8 +80,10 @@ def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthet
 
 
 COMMON_OPTIONS = ["-h", "--help", "--config", "--data_path", "--output_dir", "--set", "--seed", "--resume",
-                  "--keep_checkpoints", "--max_steps_per_epoch", "--record_step_losses", "-l", "--log-path"]
-HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--hang_timeout"]
+                  "--keep_checkpoints", "--max_steps_per_epoch", "--checkpoint_every", "--record_step_losses",
+                  "-l", "--log-path"]
+HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--commit_every",
+                   "--hang_timeout"]
 
 
 def _assert_help_documents(parser, text, options):
@@ -134,3 +136,16 @@ def test_one_epoch_smoke_run_writes_metrics_and_results(tmp_path, synthetic_corp
     assert log.count(" perplexity: ") == 10  # progress ten times an epoch
     assert "test perplexity" in log
     assert os.listdir(out / "tensorboard")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script,flag,value,message", [
+    ("lm_ptb_distributed.py", "--commit_every", "0", "error: --commit_every 0: give a number of steps of at least 1"),
+    ("lm_ptb.py", "--checkpoint_every", "-1",
+     "error: --checkpoint_every -1: give a number of steps (0 = at epoch ends only)"),
+])
+def test_step_counts_below_their_minimum_exit_2_with_one_line(script, flag, value, message, synthetic_corpus, tmp_path):
+    result = run_command([PYTHON, os.path.join(ROOT, script), "--config", TINY_CONFIG, "--data_path",
+                          synthetic_corpus[0], "--output_dir", str(tmp_path / "out"), flag, value], timeout=100)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [message]
