@@ -271,14 +271,11 @@ def _open_mpi_version():
     return first
 
 
-# Horovod's tensor fusion copies gradients into one buffer to send fewer, larger
-# messages. This model has 7 dense gradients, and the copy and the wait for a
-# fusion cycle cost more than fusion saves: 2 ranks x 1 thread measured 39-41
-# ms/step without it against 41-43 with Horovod's 64 MiB default. Horovod's
-# background thread also sleeps a cycle between negotiations, and each gradient
-# that becomes ready waits for the next one: a 0.2 ms cycle made the 2x1 step
-# 9-16% faster in three alternating rounds on a 2-core AMD machine, and was
-# neutral on an Intel one (BENCHMARKS.md).
+# Tensor fusion copies gradients into one buffer to send fewer, larger messages;
+# with this model's 7 dense gradients the copy and the wait for a fusion cycle
+# cost more than they save. Horovod's background thread sleeps a cycle between
+# negotiations, and a gradient that becomes ready waits for the next one, so a
+# short cycle starts each allreduce sooner. BENCHMARKS.md's lever table has both.
 HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"}
 
 
