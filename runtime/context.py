@@ -37,6 +37,10 @@ class LocalContext:
     def wrap_tape(self, tape):
         return tape
 
+    def broadcast_variables(self, variables):
+        """Gives every rank rank 0's values of `variables`."""
+        del variables
+
     def allreduce(self, tensor, op="mean", name=None):
         del op, name
         return tensor
@@ -133,7 +137,7 @@ class HorovodContext(LocalContext):
         # Horovod: 4. Start every rank from rank 0's weights, optimizer slots
         # and position (those of the checkpoint that rank 0 restored, say).
         start = self.broadcast_object(start, name="start_position")
-        self.hvd.broadcast_variables(variables, root_rank=0)
+        self.broadcast_variables(variables)
         return run(start)
 
     def _train_elastic(self, run, variables, start):
@@ -162,6 +166,9 @@ class HorovodContext(LocalContext):
                      self._reset_reason, position["epoch"] + 1, position["step"])
 
         return elastic.run(self.hvd, attempt, state, leaving, joined)
+
+    def broadcast_variables(self, variables):
+        self.hvd.broadcast_variables(variables, root_rank=0)
 
     def allreduce(self, tensor, op="mean", name=None):
         ops = {"mean": self.hvd.Average, "sum": self.hvd.Sum, "max": self.hvd.Max}

@@ -201,8 +201,11 @@ def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_co
     out = tmp_path / "out"
     outcome, seconds, left = strike(cluster, launcher, train_args(synthetic_corpus[0], out), MID_EPOCH_2,
                                     lambda h: os.kill(rank_pid(h, "host2"), signal.SIGSTOP), "SIGSTOP")
+    # Under horovodrun the stopped rank is woken (SIGCONT) as its session ends,
+    # and may report its broken collective before the hang-up ends it.
     check("SIGSTOP to rank 1", name, outcome, seconds, left, out,
-          "rank 1 on host2 went silent, last heard in training step (epoch 2", code=code)
+          "rank 1 on host2 went silent, last heard in training step (epoch 2", code=code,
+          lines=(1,) if name == "mpirun" else (1, 2))
 
 
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
