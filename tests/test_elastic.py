@@ -19,7 +19,7 @@ import pytest
 from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb
 from test_failures import checkpoint_position, latest_checkpoint
 from runtime.launch import describe
-from test_network_faults import record
+from test_network_faults import rank_pid, record
 
 STEPS = 150
 COMMIT = 10
@@ -45,20 +45,6 @@ def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=()):
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
            PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *train_args(corpus, out, epochs, elastic=True), *extra]
     return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
-
-
-def rank_pid(cluster, host):
-    """The worker on `host`: a Python running lm_ptb_distributed.py (horovodrun's own
-    command line names the script too, as an argument)."""
-    for pid in cluster.pids(host):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                words = f.read().split(b"\0")
-        except OSError:
-            continue
-        if len(words) > 1 and words[1].endswith(b"lm_ptb_distributed.py"):
-            return pid
-    raise AssertionError(f"no worker on {host}")
 
 
 def wait_for(launch, pattern, count=1, seconds=150):

@@ -65,14 +65,15 @@ def train_args(corpus, output_dir, *extra, epochs=3):
 
 
 def rank_pid(hosts, host):
-    """The Python process of the rank on `host` (not the shells and daemons around it)."""
+    """The rank on `host`: a Python running lm_ptb_distributed.py (not the shells and
+    daemons around it, nor a horovodrun whose command line names the script too)."""
     for pid in hosts.pids(host):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
         except OSError:
             continue
-        if os.path.basename(words[0]).startswith(b"python") and any(b"lm_ptb_distributed" in w for w in words):
+        if len(words) > 1 and words[1].endswith(b"lm_ptb_distributed.py"):
             return pid
     raise AssertionError(f"no rank on {host}")
 
