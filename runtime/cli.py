@@ -177,14 +177,14 @@ def _prepare(args, ctx):
         checkpoint_every=args.checkpoint_every, commit_every=args.commit_every)
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
-    for flag in ("checkpoint_every", "commit_every"):
-        if getattr(args, flag) < 0 or (flag == "commit_every" and args.commit_every == 0):
-            raise UsageError(f"--{flag} {getattr(args, flag)}: give a number of steps"
-                             + (" of at least 1" if flag == "commit_every" else " (0 = at epoch ends only)"))
-    if getattr(ctx, "elastic", False) and all(key in os.environ for key in context.HOROVOD_DEFAULTS):
+    if args.checkpoint_every < 0:
+        raise UsageError(f"--checkpoint_every {args.checkpoint_every}: give a number of steps (0 = at epoch ends only)")
+    if args.commit_every < 1:
+        raise UsageError(f"--commit_every {args.commit_every}: give a number of steps of at least 1")
+    if ctx.elastic and all(key in os.environ for key in context.HOROVOD_DEFAULTS):
         raise UsageError(f"{' and '.join(context.HOROVOD_DEFAULTS)} are both set: together they crash Horovod "
                          "0.28.1 when an elastic run re-forms its world; unset one of them")
-    if getattr(ctx, "elastic", False) and args.mpi_log == "collect":
+    if ctx.elastic and args.mpi_log == "collect":
         raise UsageError("-m collect needs a fixed rank 0, and an elastic run re-forms the world: "
                          "use -m master or -m workers")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])

@@ -28,6 +28,7 @@ def heartbeat_seconds(hang_timeout=0.0):
 
 class LocalContext:
     distributed = False
+    elastic = False
     rank = 0
     size = 1
     local_rank = 0
@@ -105,11 +106,7 @@ class HorovodContext(LocalContext):
 
     def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False):
         self.hvd = hvd
-        self.rank = hvd.rank()
-        self.size = hvd.size()
-        self.local_rank = hvd.local_rank()
-        self.local_size = hvd.local_size()
-        self.is_chief = self.rank == 0
+        self._renumber()
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
         self.watchdog = None
@@ -120,6 +117,7 @@ class HorovodContext(LocalContext):
         self._reset_reason = ""
 
     def _renumber(self):
+        """Reads rank and size from Horovod: at the start, and after each elastic reset."""
         hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()

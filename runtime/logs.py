@@ -118,7 +118,7 @@ class RankLogging:
         log.setLevel(logging.INFO)
         prefix = f"[rank {ctx.rank}] " if ctx.distributed and mode != "master" else ""
         formatter = logging.Formatter(FORMAT, datefmt="%H:%M:%S")
-        elastic = getattr(ctx, "elastic", False)
+        elastic = ctx.elastic
         if mode == "collect" and ctx.distributed and not elastic:  # elastic: refused in cli._prepare
             self._setup_collect(formatter, prefix, log_path)
         elif elastic and mode != "workers":
@@ -170,7 +170,7 @@ class RankLogging:
             handler.flush()
             if isinstance(handler, _SocketLineHandler):
                 handler.close()
-        if collective and self.mode == "collect" and self.ctx.distributed and not getattr(self.ctx, "elastic", False):
+        if collective and self.mode == "collect" and self.ctx.distributed and not self.ctx.elastic:
             # Every sender has closed its socket once this returns; then rank 0
             # drains them before exiting.
             self.ctx.allgather_object(None, name="log_close")
@@ -187,7 +187,7 @@ def _file_handler(path):
 def training_summary(ctx, intra_threads, inter_threads, device, versions, precision="float32"):
     """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
     # An elastic worker may join a running world: no collective before training.
-    elastic = getattr(ctx, "elastic", False)
+    elastic = ctx.elastic
     hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
     gpus = _visible_gpus()
     rows = [
