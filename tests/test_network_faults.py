@@ -249,7 +249,8 @@ def test_a_cut_link_under_horovodrun_gloo_ends_the_job(cluster, synthetic_corpus
                                     lambda h: h.cut("host2"), "gloo cut")
     check("link cut mid-epoch", "horovodrun --gloo", outcome, seconds, left, out,
           "rank 1 on host2 went silent, last heard in training step (epoch 2", code=1, lines=(1, 2))
-    assert "Process 0 exit with status code 3" in outcome.stdout
+    # Either rank may see the silence first; horovodrun then ends the other.
+    assert re.search(r"Process [01] exit with status code 3\.", outcome.stdout), outcome.stdout[-2000:]
 
 
 def test_a_killed_horovodrun_leaves_no_rank_behind(cluster, synthetic_corpus, tmp_path):
