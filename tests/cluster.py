@@ -24,6 +24,9 @@ from runtime.launch import Launch, kill_until_gone
 
 SUBNET = "10.213.0"
 PREFIX = "lmt"
+TOKEN_LEN = 4
+# One file per live cluster, named by its token, holding the pid that made it.
+OWNERS = "/run/lm_ptb_clusters"
 
 SSH_STAND_IN = """#!/bin/sh
 # ssh stand-in: ssh [options] HOST [options] COMMAND... runs COMMAND in HOST's
@@ -67,11 +70,22 @@ def unavailable_reason():
     return None
 
 
+def _owner_alive(token):
+    """Whether the process that made cluster `token` still runs. Clusters of
+    test processes running side by side (pytest -n) are left alone."""
+    try:
+        with open(os.path.join(OWNERS, token)) as f:
+            os.kill(int(f.read()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def remove_stale():
-    """Removes the namespaces of clusters whose test was killed before its cleanup."""
+    """Removes the namespaces of clusters whose test process died before its cleanup."""
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and not _owner_alive(name[len(PREFIX):len(PREFIX) + TOKEN_LEN]):
             _kill_namespace(name)
             _ip("netns", "delete", name, check=False)
             shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
@@ -88,7 +102,10 @@ def _kill_namespace(name):
 
 class Cluster:
     def __init__(self, hosts, workdir):
-        self.token = uuid.uuid4().hex[:4]
+        self.token = uuid.uuid4().hex[:TOKEN_LEN]
+        os.makedirs(OWNERS, exist_ok=True)
+        with open(os.path.join(OWNERS, self.token), "w") as f:
+            f.write(str(os.getpid()))
         self.hosts = [f"host{i + 1}" for i in range(hosts)]
         self.workdir = str(workdir)
         self.switch = f"{PREFIX}{self.token}sw"
@@ -180,3 +197,7 @@ class Cluster:
             _kill_namespace(ns)
             _ip("netns", "delete", ns, check=False)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        try:
+            os.remove(os.path.join(OWNERS, self.token))
+        except FileNotFoundError:
+            pass
