@@ -318,15 +318,20 @@ class Watchdog:
             return
         self.fired = True
         if reporter == self.rank:
-            flag = f"--hang_timeout {self.timeout:g}"
-            outcome = (f"This worker leaves ({flag}); the others go on without it"
-                       if self.elastic and self.exchanged else f"The job ends ({flag}); resume with --resume")
-            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {outcome}\n")
+            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
             self.out.flush()
         self._guard_daemon()
         if self.elastic and not self.exchanged:
             self._end_elastic_driver()
         os._exit(HANG_EXIT)
+
+    def outcome(self):
+        """What follows this rank's exit. An elastic world goes on without it,
+        unless its launcher is gone, and with it the job."""
+        flag = f"--hang_timeout {self.timeout:g}"
+        if self.elastic and self.exchanged and os.getppid() == self.ppid:
+            return f"This worker leaves ({flag}); the others go on without it"
+        return f"The job ends ({flag}); resume with --resume"
 
     def _end_elastic_driver(self):
         """A re-forming world that waits for a frozen worker never forms, and

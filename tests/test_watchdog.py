@@ -195,3 +195,12 @@ def test_elastic_only_the_stuck_rank_leaves(driver):
         dog.state[0] = dict(dog.state[0], where="epoch 2, step 6", entered=8)  # rank 1 is behind
         verdict = dog.verdict(now=1024.0)
         assert (verdict and verdict[1]) == expected, verdict
+
+
+def test_elastic_a_leaving_worker_says_the_others_go_on_unless_its_launcher_is_gone(driver):
+    dog = elastic_view(rank=1)
+    assert dog.outcome() == "This worker leaves (--hang_timeout 20); the others go on without it"
+    dog.ppid = -1  # the parent it started under is not its parent now: horovodrun died
+    assert dog.verdict(now=1000.0)[0].startswith("its launcher (")
+    assert dog.outcome() == "The job ends (--hang_timeout 20); resume with --resume"
+    assert two_rank_view().outcome() == "The job ends (--hang_timeout 20); resume with --resume"
