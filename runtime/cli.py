@@ -232,8 +232,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             return code
         config, data, options = prepared
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
-        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx),
-                              config.get("precision", "float32"))
+        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx), config.precision)
         try:
             results = trainer.train_and_evaluate(config, data, ctx, options)
         except trainer.TrainingInterrupted as err:
