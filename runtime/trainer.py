@@ -43,7 +43,8 @@ class TrainingInterrupted(RuntimeError):
 
 @dataclasses.dataclass
 class RunOptions:
-    output_dir: str = "output"
+    """How to run, beside the config. These defaults are the command line's too (runtime/cli.py)."""
+    output_dir: str = "./output"
     seed: int = 1234
     eval_mode: str = "chief"          # chief: rank 0 alone; distributed: each rank a slice
     resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path

@@ -9,7 +9,7 @@ import pytest
 
 import config_small
 from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
-from runtime import cli
+from runtime import cli, trainer
 from runtime.config import ConfigError, from_values, load_config, schema
 from texar_lite import decoder, embedder, optimization
 from texar_lite.hparams import HParams
@@ -164,6 +164,17 @@ def test_cli_help_documents_every_option():
     _assert_help_documents(parser, parser.format_help(), COMMON_OPTIONS + HOROVOD_OPTIONS)
     # -m as in DeePMD-kit's docs
     assert cli.parse_args(["-m", "workers"], distributed=True).mpi_log == "workers"
+
+
+def test_command_line_defaults_come_from_one_place():
+    distributed = vars(cli.parse_args([], distributed=True))
+    # lm_ptb.py's run reads the Horovod options too, at lm_ptb_distributed.py's defaults.
+    assert vars(cli.parse_args([], distributed=False)) == distributed
+    assert distributed["hang_timeout"] == 120 and distributed["mpi_log"] == "master"
+    options = trainer.RunOptions()
+    for field in ("output_dir", "seed", "eval_mode", "resume", "max_steps_per_epoch", "keep_checkpoints",
+                  "checkpoint_every", "commit_every"):
+        assert distributed[field] == getattr(options, field), field
 
 
 @pytest.mark.timeout(200)
