@@ -18,6 +18,8 @@ TIME_CHUNKS = 2
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `cell` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {
         "type": "LSTMBlockCell",
         "kwargs": {"num_units": 200, "forget_bias": 0.0},

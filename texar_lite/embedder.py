@@ -6,6 +6,8 @@ from texar_lite.initializers import uniform_initializer
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `emb` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {"dim": 200, "dropout_rate": 0.0}
 
 

@@ -24,6 +24,8 @@ DECAY_TYPES = ("exponential_decay", "none")
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `opt` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {
         "optimizer": {"type": "GradientDescentOptimizer", "kwargs": {"learning_rate": 1.0}},
         "gradient_clip": {"type": "clip_by_global_norm", "kwargs": {"clip_norm": 5.0}},
