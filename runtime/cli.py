@@ -37,6 +37,7 @@ def hang_timeout(text):
 
 
 def build_parser(distributed):
+    defaults = trainer.RunOptions()
     parser = argparse.ArgumentParser(
         description="Train the Zaremba LSTM language model on PTB"
                     + (" with Horovod (run under mpirun or horovodrun)." if distributed else "."),
@@ -46,18 +47,19 @@ def build_parser(distributed):
     parser.add_argument("--data_path", default="./data/ptb",
                         help="folder with ptb.{train,valid,test}.txt; PTB is downloaded there if ptb.train.txt "
                              "is missing (PTB_URL overrides the URL)")
-    parser.add_argument("--output_dir", default="./output",
+    parser.add_argument("--output_dir", default=defaults.output_dir,
                         help="where metrics.jsonl, results.json and checkpoints go (rank 0 writes)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, dotted for nested keys, e.g. --set num_epochs=1 "
                              "--set opt.gradient_clip.kwargs.clip_norm=2; repeatable")
-    parser.add_argument("--seed", type=int, default=1234, help="weight init and dropout seed")
-    parser.add_argument("--resume", nargs="?", const="latest", default="",
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="weight init and dropout seed")
+    parser.add_argument("--resume", nargs="?", const="latest", default=defaults.resume,
                         help="continue from the latest checkpoint in output_dir, or from PATH")
-    parser.add_argument("--keep_checkpoints", type=int, default=3, help="how many recent checkpoints to keep")
-    parser.add_argument("--max_steps_per_epoch", type=int, default=0,
+    parser.add_argument("--keep_checkpoints", type=int, default=defaults.keep_checkpoints,
+                        help="how many recent checkpoints to keep")
+    parser.add_argument("--max_steps_per_epoch", type=int, default=defaults.max_steps_per_epoch,
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
-    parser.add_argument("--checkpoint_every", type=int, default=0, metavar="STEPS",
+    parser.add_argument("--checkpoint_every", type=int, default=defaults.checkpoint_every, metavar="STEPS",
                         help="also save a checkpoint every STEPS steps inside an epoch (0 = at epoch ends only)")
     parser.add_argument("--record_step_losses", action="store_true",
                         help="add every step's global training loss to results.json (for equivalence checks)")
@@ -68,14 +70,14 @@ def build_parser(distributed):
         group.add_argument("-m", "--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
                            help="master: rank 0 logs; workers: every rank logs (own file with -l); "
                                 "collect: every rank's lines go to rank 0's output")
-        group.add_argument("--eval_mode", choices=("chief", "distributed"), default="chief",
+        group.add_argument("--eval_mode", choices=("chief", "distributed"), default=defaults.eval_mode,
                            help="chief: rank 0 evaluates while the others wait; "
                                 "distributed: each rank scores a slice and the sums are allreduced")
         group.add_argument("--fp16_allreduce", action="store_true",
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
         group.add_argument("--sparse_as_dense", action="store_true",
                            help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
-        group.add_argument("--commit_every", type=int, default=trainer.RunOptions.commit_every, metavar="STEPS",
+        group.add_argument("--commit_every", type=int, default=defaults.commit_every, metavar="STEPS",
                            help="under horovodrun's elastic mode, commit the training state to memory every "
                                 "STEPS steps (and at each epoch's end): a lost host costs at most STEPS steps")
         group.add_argument("--hang_timeout", type=hang_timeout, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
@@ -87,11 +89,9 @@ def build_parser(distributed):
 
 def parse_args(argv=None, distributed=False):
     args = build_parser(distributed).parse_args(argv)
-    for name, default in (("mpi_log", "master"), ("eval_mode", "chief"), ("fp16_allreduce", False),
-                          ("sparse_as_dense", False), ("hang_timeout", 0),
-                          ("commit_every", trainer.RunOptions.commit_every)):
-        if not hasattr(args, name):
-            setattr(args, name, default)
+    if not distributed:
+        # lm_ptb.py takes no Horovod options, but the run reads them: at lm_ptb_distributed.py's defaults.
+        args = argparse.Namespace(**{**vars(build_parser(distributed=True).parse_args([])), **vars(args)})
     return args
 
 
@@ -232,8 +232,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
             return code
         config, data, options = prepared
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
-        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx),
-                              config.get("precision", "float32"))
+        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx), config.precision)
         try:
             results = trainer.train_and_evaluate(config, data, ctx, options)
         except trainer.TrainingInterrupted as err:

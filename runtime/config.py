@@ -1,4 +1,12 @@
-"""Loading a config module (`--config config_small` or a path) and its --set overrides."""
+"""Loading a config module (`--config config_small` or a path) and its --set overrides.
+
+load_config merges, checks and validates a config once and returns it as one
+read-only texar_lite.hparams.HParams; everything downstream reads that object
+as it is. Each default lives in one place: the pieces' own in their
+default_hparams() (cell: texar_lite/decoder.py, emb: texar_lite/embedder.py,
+opt: texar_lite/optimization.py), which schema() composes, and the run-wide
+optional keys' in schema().
+"""
 import importlib
 import importlib.util
 import math
@@ -6,7 +14,7 @@ import os
 import sys
 
 from texar_lite import decoder, embedder, optimization
-from texar_lite.hparams import HParamsError, merge, parse_override
+from texar_lite.hparams import HParams, HParamsError, merge, parse_override
 
 REQUIRED_KEYS = ("init_scale", "num_epochs", "hidden_size", "keep_prob", "batch_size", "num_steps",
                  "cell", "emb", "opt")
@@ -19,15 +27,17 @@ class ConfigError(ValueError):
 def schema():
     """Every key a config may hold, with the type each must have.
 
-    The optional keys' values here are their defaults.
+    An optional key's value here is its default. A required key (REQUIRED_KEYS)
+    has no default: its value here gives only the type. cell, emb and opt are
+    the defaults of the pieces they configure, for the keys a config leaves out.
     """
     return {
-        "init_scale": 0.1,
-        "num_epochs": 13,
-        "hidden_size": 200,
-        "keep_prob": 1.0,
-        "batch_size": 20,
-        "num_steps": 20,
+        "init_scale": float(),
+        "num_epochs": int(),
+        "hidden_size": int(),
+        "keep_prob": float(),
+        "batch_size": int(),
+        "num_steps": int(),
         "vocab_size": 10000,
         # "global" (Texar): batch_size is split across ranks. "per_worker"
         # (DeePMD-kit): every rank takes batch_size rows.
@@ -65,7 +75,7 @@ def _import_config(name):
 
 
 def load_config(name, overrides=()):
-    """Returns the merged, type-checked and validated config as a plain dict."""
+    """The config module `name` with its --set overrides: see from_values."""
     module = _import_config(name)
     if not callable(getattr(module, "default_hparams", None)):
         raise ConfigError(f"--config {name}: the module has no default_hparams() function")
@@ -73,18 +83,26 @@ def load_config(name, overrides=()):
     missing = [key for key in REQUIRED_KEYS if key not in values]
     if missing:
         raise ConfigError(f"--config {name} is missing {', '.join(missing)}; see config_small.py for every key")
+    return from_values(values, getattr(module, "__name__", name), overrides)
+
+
+def from_values(values, name, overrides=()):
+    """`values` merged into schema(), each --set override applied, validated: one read-only
+    HParams. It also holds the config's `name`, which is no hyperparameter: results.json
+    reports it as "config", apart from the "hparams"."""
     try:
-        config = merge(values, schema())
+        merged = merge(values, schema())
         for text in overrides:
-            config = merge(parse_override(text, config), config)
+            # Typed by the merged values, so a kwarg of another optimizer type can be set too.
+            merged = merge(parse_override(text, merged), merged)
     except HParamsError as err:
         raise ConfigError(str(err)) from None
-    config["name"] = getattr(module, "__name__", name)
-    validate(config)
+    config = HParams(dict(merged, name=name), None)
+    _validate(config)
     return config
 
 
-def validate(config):
+def _validate(config):
     def need(ok, message):
         if not ok:
             raise ConfigError(message)
@@ -113,7 +131,6 @@ def validate(config):
     try:
         optimization.optimizer_class(config["opt"]["optimizer"]["type"])
         optimization.learning_rate_at_epoch(config["opt"], 0)
+        decoder.check_hparams(cell)
     except (ValueError, TypeError, KeyError) as err:
         raise ConfigError(str(err)) from None
-    need(config["cell"]["type"] in decoder.CELL_TYPES,
-         f"cell.type {config['cell']['type']!r} is not supported; use one of {', '.join(decoder.CELL_TYPES)}")

@@ -14,13 +14,14 @@ import ptb_reader
 from runtime import config as config_lib
 from runtime.checkpointing import CheckpointError
 from runtime.cli import ERROR_EXIT, USAGE_EXIT, UsageError, error_status
+from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
 
 
 @dataclasses.dataclass
 class TrainedModel:
     model: LanguageModel
-    config: dict
+    config: HParams
     data: ptb_reader.PTBData
     checkpoint_path: str
 
@@ -50,8 +51,8 @@ def run_config(output_dir, config_name=None, overrides=()):
         raise UsageError(f"{path} is missing (the run did not finish): pass the --config and --set it trained with")
     try:
         with open(path) as f:
-            config = json.load(f)["hparams"]
-        config_lib.validate(config)
+            results = json.load(f)
+        config = config_lib.from_values(results["hparams"], results["config"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UsageError(f"cannot read the run's config from {path} ({type(err).__name__}: {err}); "
                          "pass the --config and --set it trained with") from None

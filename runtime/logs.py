@@ -184,7 +184,7 @@ def _file_handler(path):
     return logging.FileHandler(path, mode="a")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions, precision="float32"):
+def training_summary(ctx, intra_threads, inter_threads, device, versions, precision):
     """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
     # An elastic worker may join a running world: no collective before training.
     elastic = ctx.elastic

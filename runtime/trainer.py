@@ -43,7 +43,8 @@ class TrainingInterrupted(RuntimeError):
 
 @dataclasses.dataclass
 class RunOptions:
-    output_dir: str = "output"
+    """How to run, beside the config. These defaults are the command line's too (runtime/cli.py)."""
+    output_dir: str = "./output"
     seed: int = 1234
     eval_mode: str = "chief"          # chief: rank 0 alone; distributed: each rank a slice
     resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
@@ -421,7 +422,7 @@ class TrainingLoop:
         ctx.watch("finishing")
         final_digests = ctx.allgather_object(weights_digest(self.model.trainable_variables), name="final_digests")
         results = {
-            "config": config.get("name", "config"),
+            "config": config.name,
             "epochs": len(metrics),
             "train_ppl": metrics[-1]["train_ppl"] if metrics else None,
             "valid_ppl": metrics[-1]["valid_ppl"] if metrics else None,
@@ -443,7 +444,7 @@ class TrainingLoop:
             "sparse_as_dense": bool(getattr(ctx, "sparse_as_dense", False)),
             # Each rank's scored tokens in the last validation (None without one); every rank gathers.
             "eval_tokens_per_rank": ctx.allgather_object(self.valid_counts.get("tokens"), name="eval_tokens"),
-            "hparams": {k: v for k, v in config.items() if k != "name"},
+            "hparams": {k: v for k, v in config.todict().items() if k != "name"},
         }
         if "step_losses" in position:
             results["step_losses"] = position["step_losses"]

@@ -6,7 +6,6 @@ hidden_size = 64
 keep_prob = 1.0
 batch_size = 20
 num_steps = 10
-vocab_size = 10000
 
 cell = {
     "type": "LSTMBlockCell",
@@ -29,4 +28,4 @@ opt = {
 def default_hparams():
     return {"init_scale": init_scale, "num_epochs": num_epochs, "hidden_size": hidden_size,
             "keep_prob": keep_prob, "batch_size": batch_size, "num_steps": num_steps,
-            "vocab_size": vocab_size, "cell": cell, "emb": emb, "opt": opt}
+            "cell": cell, "emb": emb, "opt": opt}

@@ -7,9 +7,12 @@ import subprocess
 
 import pytest
 
+import config_small
 from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
-from runtime import cli
-from runtime.config import ConfigError, load_config
+from runtime import cli, trainer
+from runtime.config import ConfigError, from_values, load_config, schema
+from texar_lite import decoder, embedder, optimization
+from texar_lite.hparams import HParams
 
 
 def test_zaremba_configs_have_the_published_values():
@@ -52,6 +55,54 @@ def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config("config_small", overrides)
     assert message in str(err.value)
+
+
+def test_the_config_is_one_read_only_hparams_that_round_trips_through_results_json():
+    c = load_config("config_small", ["num_epochs=2"])
+    assert isinstance(c, HParams) and c.name == "config_small"
+    with pytest.raises(AttributeError, match="HParams are read-only"):
+        c.num_epochs = 3
+    with pytest.raises(AttributeError, match="HParams are read-only"):
+        c.opt.optimizer.kwargs.learning_rate = 3.0
+    hparams = json.loads(json.dumps({k: v for k, v in c.todict().items() if k != "name"}))
+    assert from_values(hparams, "config_small") == c
+
+
+def _config_module(tmp_path, **changes):
+    """config_small's values with `changes`, as a config module file."""
+    values = dict(config_small.default_hparams(), **changes)
+    path = tmp_path / "config_changed.py"
+    path.write_text(f"def default_hparams():\n    return {values!r}\n")
+    return str(path)
+
+
+def test_an_unknown_key_is_refused_once_at_load_time(tmp_path):
+    emb = {"dimm": 8}
+    with pytest.raises(ConfigError) as err:
+        load_config(_config_module(tmp_path, emb=emb))
+    assert str(err.value) == "unknown hyperparameter 'emb.dimm' (known here: dim, dropout_rate)"
+    # results.json's hparams go through the same merge.
+    hparams = dict(load_config("config_small").todict(), emb=emb)
+    with pytest.raises(ConfigError) as err:
+        from_values(hparams, "config_small")
+    assert str(err.value) == "unknown hyperparameter 'emb.dimm' (known here: dim, dropout_rate)"
+
+
+def test_keys_a_config_leaves_out_take_the_pieces_own_defaults(tmp_path):
+    cell = {"type": "LSTMBlockCell", "kwargs": {"num_units": 200, "forget_bias": 0.0}, "num_layers": 2}
+    c = load_config(_config_module(tmp_path, cell=cell, emb={}, opt={}))
+    assert c.cell.todict() == dict(cell, dropout=decoder.default_hparams()["dropout"])
+    assert c.emb.todict() == embedder.default_hparams()
+    assert c.opt.todict() == optimization.default_hparams()
+    # The schema composes those defaults rather than copying them.
+    assert {key: schema()[key] for key in ("cell", "emb", "opt")} == {
+        "cell": decoder.default_hparams(), "emb": embedder.default_hparams(), "opt": optimization.default_hparams()}
+
+
+def test_a_cell_the_decoder_cannot_build_is_a_config_error():
+    with pytest.raises(ConfigError) as err:
+        load_config("config_small", ["cell.type=GRUCell"])
+    assert str(err.value) == "cell.type 'GRUCell' is not supported; use one of LSTMBlockCell, LSTMCell, BasicLSTMCell"
 
 
 def test_config_file_errors(tmp_path):
@@ -113,6 +164,17 @@ def test_cli_help_documents_every_option():
     _assert_help_documents(parser, parser.format_help(), COMMON_OPTIONS + HOROVOD_OPTIONS)
     # -m as in DeePMD-kit's docs
     assert cli.parse_args(["-m", "workers"], distributed=True).mpi_log == "workers"
+
+
+def test_command_line_defaults_come_from_one_place():
+    distributed = vars(cli.parse_args([], distributed=True))
+    # lm_ptb.py's run reads the Horovod options too, at lm_ptb_distributed.py's defaults.
+    assert vars(cli.parse_args([], distributed=False)) == distributed
+    assert distributed["hang_timeout"] == 120 and distributed["mpi_log"] == "master"
+    options = trainer.RunOptions()
+    for field in ("output_dir", "seed", "eval_mode", "resume", "max_steps_per_epoch", "keep_checkpoints",
+                  "checkpoint_every", "commit_every"):
+        assert distributed[field] == getattr(options, field), field
 
 
 @pytest.mark.timeout(200)

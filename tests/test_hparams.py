@@ -1,4 +1,4 @@
-"""HParams merge, type errors, unknown keys, and --set parsing."""
+"""HParams merge, type errors, unknown keys, read-only access, and --set parsing."""
 import pytest
 
 from texar_lite.hparams import HParams, HParamsError, merge, parse_override
@@ -50,13 +50,59 @@ def test_a_new_type_takes_its_own_kwargs():
         merge({"opt": {"kwargs": {"beta_1": 0.8}}}, DEFAULTS)  # same type: checked
 
 
-def test_attribute_access_and_read_only():
+def test_attribute_and_item_access():
     hp = HParams({"opt": {"clip": {"norm": 1.0}}}, DEFAULTS)
-    assert hp.opt.clip.norm == 1.0
+    assert hp.opt.clip.norm == hp["opt"]["clip"]["norm"] == 1.0
     assert hp.dim == 200
-    assert hp.todict()["opt"]["type"] == "SGD"
+    assert list(hp) == ["dim", "rate", "flag", "name", "opt"] and len(hp) == 5
+    assert "opt" in hp and "nope" not in hp
+    assert hp.get("rate") == 0.5 and hp.get("nope", 7) == 7
+    assert isinstance(hp.opt, HParams) and hp.opt is hp["opt"]  # nested HParams are built once
+    assert hp.todict() == merge({"opt": {"clip": {"norm": 1.0}}}, DEFAULTS)
+    assert hp == hp.todict()
+    with pytest.raises(AttributeError, match="no hyperparameter 'nope'"):
+        hp.nope
+    with pytest.raises(KeyError, match="no hyperparameter 'nope'"):
+        hp["nope"]
+
+
+def test_hparams_are_read_only_at_every_level():
+    hp = HParams({"steps": [1, 2]}, {"steps": [3], "opt": {"clip": {"norm": 5.0}}})
+    with pytest.raises(AttributeError, match="HParams are read-only"):
+        hp.opt = 3
+    with pytest.raises(AttributeError, match="HParams are read-only"):
+        hp.opt.clip.norm = 1.0
+    with pytest.raises(AttributeError, match="HParams are read-only"):
+        del hp.opt
+    with pytest.raises(TypeError):
+        hp["opt"] = 3
+    with pytest.raises(TypeError):
+        hp.opt["clip"]["norm"] = 1.0
     with pytest.raises(AttributeError):
-        hp.dim = 3
+        hp.steps.append(3)  # a list is held as a tuple
+    plain = hp.todict()
+    plain["opt"]["clip"]["norm"] = 1.0
+    plain["steps"].append(3)
+    assert plain == {"steps": [1, 2, 3], "opt": {"clip": {"norm": 1.0}}}
+    assert hp.todict() == {"steps": [1, 2], "opt": {"clip": {"norm": 5.0}}}
+
+
+def test_none_defaults_take_merged_values_as_they_are():
+    merged = merge({"dim": 64}, DEFAULTS)
+    hp = HParams(merged, None)
+    assert hp.todict() == merged
+    merged["opt"]["clip"]["norm"] = 0.0  # the HParams hold their own copy
+    assert hp.opt.clip.norm == 5.0
+    # Nothing is checked or filled in: that is merge's work, done once before.
+    assert HParams({"anything": "x"}, None).todict() == {"anything": "x"}
+    with pytest.raises(HParamsError, match="hparams must be a dict, got 3"):
+        HParams(3, None)
+
+
+def test_unknown_key_is_rejected_when_hparams_are_built():
+    with pytest.raises(HParamsError) as err:
+        HParams({"opt": {"clip": {"nrom": 1.0}}}, DEFAULTS)
+    assert str(err.value) == "unknown hyperparameter 'opt.clip.nrom' (known here: norm)"
 
 
 @pytest.mark.parametrize("text, expected", [

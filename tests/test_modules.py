@@ -5,17 +5,27 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from texar_lite import decoder as decoder_lib
+from texar_lite import embedder as embedder_lib
+from texar_lite import hparams as hparams_lib
 from texar_lite import optimization
+from runtime import config as config_lib
 from runtime.config import load_config
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
 from texar_lite.embedder import WordEmbedder
+from texar_lite.hparams import HParams
 from texar_lite.losses import sequence_sparse_softmax_cross_entropy
 from texar_lite.model import LanguageModel
 
 
+def cell_hparams(num_units, forget_bias, num_layers):
+    return HParams({"kwargs": {"num_units": num_units, "forget_bias": forget_bias}, "num_layers": num_layers},
+                   decoder_lib.default_hparams())
+
+
 def test_embedder_shapes_and_lookup():
-    emb = WordEmbedder(7, {"dim": 3})
+    emb = WordEmbedder(7, HParams({"dim": 3}, embedder_lib.default_hparams()))
     ids = tf.constant([[0, 6], [2, 2]])
     out = emb(ids)
     assert out.shape == (2, 2, 3)
@@ -23,8 +33,7 @@ def test_embedder_shapes_and_lookup():
 
 
 def test_decoder_shapes_and_state():
-    dec = LSTMDecoder(input_size=5, vocab_size=11,
-                      hparams={"kwargs": {"num_units": 4, "forget_bias": 0.0}, "num_layers": 3})
+    dec = LSTMDecoder(input_size=5, vocab_size=11, hparams=cell_hparams(num_units=4, forget_bias=0.0, num_layers=3))
     logits, state = dec(tf.random.uniform([6, 2, 5]), dec.zero_state(2))
     assert logits.shape == (6, 2, 11)
     assert state.shape == (3, 2, 2, 4)
@@ -40,8 +49,7 @@ def _numpy_lstm(x, h, c, kernel_x, kernel_h, bias, forget_bias):
 
 
 def test_decoder_follows_the_basic_lstm_equations():
-    dec = LSTMDecoder(input_size=3, vocab_size=5,
-                      hparams={"kwargs": {"num_units": 2, "forget_bias": 1.0}, "num_layers": 1})
+    dec = LSTMDecoder(input_size=3, vocab_size=5, hparams=cell_hparams(num_units=2, forget_bias=1.0, num_layers=1))
     rng = np.random.default_rng(0)
     inputs = rng.normal(size=(4, 2, 3)).astype(np.float32)
     state = rng.normal(size=(1, 2, 2, 2)).astype(np.float32)
@@ -84,18 +92,22 @@ def test_learning_rate_per_epoch_follows_the_decay_formula(name, rates):
     np.testing.assert_allclose(got, rates, rtol=1e-12)
 
 
+def opt_hparams(values):
+    return HParams(values, optimization.default_hparams())
+
+
 def test_non_staircase_and_decay_steps():
-    opt = optimization.default_hparams()
-    opt["learning_rate_decay"]["kwargs"].update(decay_steps=2, staircase=False)
-    assert optimization.learning_rate_at_epoch(opt, 6) == pytest.approx(0.5 ** 1.5)
-    opt["learning_rate_decay"]["kwargs"]["staircase"] = True
-    assert optimization.learning_rate_at_epoch(opt, 6) == 0.5
+    decay = {"learning_rate_decay": {"kwargs": {"decay_steps": 2, "staircase": False}}}
+    assert optimization.learning_rate_at_epoch(opt_hparams(decay), 6) == pytest.approx(0.5 ** 1.5)
+    decay["learning_rate_decay"]["kwargs"]["staircase"] = True
+    assert optimization.learning_rate_at_epoch(opt_hparams(decay), 6) == 0.5
 
 
 def test_clipping_uses_the_dense_norm_of_embedding_rows():
     # Row 1 appears twice: its dense gradient is [3, 4] + [3, 4] = [6, 8], norm 10.
     grad = tf.IndexedSlices(tf.constant([[3.0, 4.0], [3.0, 4.0]]), tf.constant([1, 1]), tf.constant([3, 2]))
-    (clipped,), norm = optimization.clip_gradients([grad], {"gradient_clip": {"kwargs": {"clip_norm": 5.0}}})
+    clip = opt_hparams({"gradient_clip": {"kwargs": {"clip_norm": 5.0}}})
+    (clipped,), norm = optimization.clip_gradients([grad], clip)
     assert float(norm) == pytest.approx(10.0)
     np.testing.assert_allclose(tf.convert_to_tensor(clipped).numpy(), [[0, 0], [3, 4], [0, 0]], rtol=1e-6)
 
@@ -106,11 +118,11 @@ def test_worker_lr_scale(mode, size, expected):
 
 
 def test_optimizer_by_tf1_or_keras_name():
-    assert isinstance(optimization.get_optimizer({"optimizer": {"type": "AdamOptimizer",
-                                                                "kwargs": {"learning_rate": 0.1}}}),
-                      tf.keras.optimizers.Adam)
+    adam = optimization.get_optimizer(opt_hparams({"optimizer": {"type": "AdamOptimizer",
+                                                                 "kwargs": {"learning_rate": 0.1}}}))
+    assert isinstance(adam, tf.keras.optimizers.Adam)
     with pytest.raises(ValueError, match="is not a TensorFlow optimizer"):
-        optimization.get_optimizer({"optimizer": {"type": "Nope", "kwargs": {"learning_rate": 0.1}}})
+        optimization.get_optimizer(opt_hparams({"optimizer": {"type": "Nope", "kwargs": {"learning_rate": 0.1}}}))
 
 
 def test_row_dropout_is_the_same_rows_on_one_or_two_ranks():
@@ -138,3 +150,52 @@ def test_every_variable_gets_its_own_random_values():
     assert not np.array_equal(decoder.input_kernels[0].numpy(), decoder.input_kernels[1].numpy())
     again = LanguageModel(config, vocab_size=50, seed=3).decoder
     np.testing.assert_array_equal(decoder.input_kernels[1].numpy(), again.input_kernels[1].numpy())
+
+
+def test_the_pieces_use_the_configs_hparams_as_they_are_and_merge_nothing(monkeypatch):
+    config = load_config("config_small", ["hidden_size=8", "cell.kwargs.num_units=8", "emb.dim=8"])
+    merges = []
+
+    def counted(merge):
+        return lambda *args, **kwargs: merges.append(args) or merge(*args, **kwargs)
+
+    monkeypatch.setattr(hparams_lib, "merge", counted(hparams_lib.merge))
+    monkeypatch.setattr(config_lib, "merge", counted(config_lib.merge))
+    model = LanguageModel(config, vocab_size=50, seed=3)
+    optimizer = optimization.get_optimizer(config.opt)
+    lr = optimization.learning_rate_at_epoch(config.opt, 5)
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        logits, _ = model(tf.constant([[1, 2], [3, 4]]), model.zero_state(2))
+        loss = tf.reduce_sum(logits)
+    optimization.clip_and_apply(optimizer, tape.gradient(loss, variables), variables, config.opt, scale=0.5)
+
+    assert merges == []
+    assert model.embedder.hparams is config.emb and model.decoder.hparams is config.cell
+    assert config.opt is config["opt"]  # a nested HParams is built once, not on each read
+    assert lr == 0.25 and model.decoder.num_units == 8 and model.embedder.dim == 8
+
+
+@pytest.mark.parametrize("build, owner", [
+    (lambda: WordEmbedder(7, {"dim": 3}), "WordEmbedder"),
+    (lambda: LSTMDecoder(3, 5, {"num_layers": 1}), "LSTMDecoder"),
+    (lambda: optimization.get_optimizer({"optimizer": {"type": "AdamOptimizer"}}), "get_optimizer"),
+    (lambda: optimization.learning_rate_at_epoch(optimization.default_hparams(), 0), "learning_rate_at_epoch"),
+])
+def test_a_piece_given_a_plain_dict_says_to_merge_it_once(build, owner):
+    with pytest.raises(TypeError) as err:
+        build()
+    assert str(err.value) == (f"{owner} takes HParams, got a dict: merge the values once with "
+                              "HParams(values, default_hparams())")
+
+
+def test_decoder_refuses_cell_hparams_it_cannot_build():
+    defaults = decoder_lib.default_hparams()
+    gru = HParams({"type": "GRUCell", "kwargs": {"num_units": 4}}, defaults)
+    with pytest.raises(ValueError) as err:
+        LSTMDecoder(3, 5, gru)
+    assert str(err.value) == "cell.type 'GRUCell' is not supported; use one of LSTMBlockCell, LSTMCell, BasicLSTMCell"
+    peephole = HParams({"type": "LSTMCell", "kwargs": {"num_units": 4, "use_peepholes": True}}, defaults)
+    with pytest.raises(ValueError) as err:
+        LSTMDecoder(3, 5, peephole)
+    assert str(err.value) == "cell.kwargs has unsupported keys ['use_peepholes']; use num_units, forget_bias"

@@ -15,6 +15,7 @@ from runtime.config import load_config
 from runtime.context import LocalContext
 from runtime.trainer import BatchPlan, make_eval_step, make_train_step
 from texar_lite import decoder, losses, op_selection, optimization
+from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import OpChoice, choose_ops
 
@@ -134,7 +135,8 @@ def test_a_model_built_for_cpu_runs_the_custom_ops():
 
 def test_the_fused_cell_is_refused_for_a_gpu_model():
     with pytest.raises(ValueError, match="the fused LSTM step is a CPU kernel; device GPU:0 needs the TF-ops cell"):
-        decoder.LSTMDecoder(input_size=4, vocab_size=7, hparams={"kwargs": {"num_units": 3}},
+        decoder.LSTMDecoder(input_size=4, vocab_size=7,
+                            hparams=HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams()),
                             cell=decoder.FUSED_CELL, device="GPU:0")
 
 

@@ -11,9 +11,18 @@ from runtime.config import load_config
 from runtime.context import LocalContext
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
+from texar_lite.hparams import HParams
 from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 from runtime.trainer import BatchPlan, make_train_step
+
+
+def _cell(values):
+    return HParams(values, decoder.default_hparams())
+
+
+def _opt(values):
+    return HParams(values, optimization.default_hparams())
 
 
 def _reference_decoder(dec, inputs, state):
@@ -59,7 +68,7 @@ def test_fused_cell_op_is_built():
 def test_decoder_matches_autodiff_reference(forget_bias, cell):
     # 5 units: rows shorter than a SIMD register take Eigen's scalar path in the fused op.
     dec = LSTMDecoder(input_size=6, vocab_size=13, cell=CELLS[cell],
-                      hparams={"kwargs": {"num_units": 5, "forget_bias": forget_bias}, "num_layers": 2})
+                      hparams=_cell({"kwargs": {"num_units": 5, "forget_bias": forget_bias}, "num_layers": 2}))
     rng = np.random.default_rng(1)
     for var in dec.trainable_variables:
         var.assign(rng.normal(scale=0.5, size=var.shape).astype(np.float32))
@@ -76,8 +85,8 @@ def test_decoder_matches_autodiff_reference(forget_bias, cell):
 @pytest.mark.parametrize("num_steps", [3, 7])
 def test_time_chunks_give_the_outputs_and_dropout_of_one_pass(monkeypatch, num_steps):
     # At least 3 steps: the chunk count is clamped to num_steps, and 1 step would run 1 chunk thrice.
-    dec = LSTMDecoder(input_size=6, vocab_size=13, hparams={"kwargs": {"num_units": 8}, "num_layers": 2,
-                                                            "dropout": {"output_keep_prob": 0.5}})
+    dec = LSTMDecoder(input_size=6, vocab_size=13, hparams=_cell({"kwargs": {"num_units": 8}, "num_layers": 2,
+                                                                  "dropout": {"output_keep_prob": 0.5}}))
     rng = np.random.default_rng(2)
     inputs = tf.constant(rng.normal(size=(num_steps, 3, 6)).astype(np.float32))
     state = tf.constant(rng.normal(size=(2, 2, 3, 8)).astype(np.float32))
@@ -200,12 +209,14 @@ def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, 
 
 def test_mixed_bfloat16_runs_the_tf_ops_cell():
     # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
-    dec = LSTMDecoder(input_size=4, vocab_size=7, hparams={"kwargs": {"num_units": 3}}, precision="mixed_bfloat16")
+    dec = LSTMDecoder(input_size=4, vocab_size=7, hparams=_cell({"kwargs": {"num_units": 3}}),
+                      precision="mixed_bfloat16")
     assert dec.cell is decoder.TF_OPS_CELL
     assert decoder.default_cell("float32") is decoder.FUSED_CELL
     assert logs._lstm_cell("mixed_bfloat16") == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
     with pytest.raises(ValueError, match="the fused LSTM step is float32 only; precision mixed_bfloat16 needs"):
-        LSTMDecoder(input_size=4, vocab_size=7, precision="mixed_bfloat16", cell=decoder.FUSED_CELL)
+        LSTMDecoder(input_size=4, vocab_size=7, hparams=_cell({}), precision="mixed_bfloat16",
+                    cell=decoder.FUSED_CELL)
 
 
 LOSSES = {"fused": losses.FUSED_LOSS, "tf_ops": None}
@@ -338,7 +349,7 @@ def _clipped_update(fold, opt_args, clip, scale=0.25):
     table = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
     optimizer = tf.keras.optimizers.SGD(**opt_args)
     optimizer.build([dense, table])
-    hparams = {"gradient_clip": clip}
+    hparams = _opt({"gradient_clip": clip})
     grads = [tf.constant([[8.0, -4.0], [16.0, 32.0]]),
              tf.IndexedSlices(tf.constant([[16.0, 16.0], [8.0, -48.0], [4.0, 4.0]]), tf.constant([3, 1, 3]),
                               tf.constant([4, 2]))]
@@ -371,7 +382,7 @@ def test_gradient_clipping_at_a_nan_norm_poisons_the_update_as_tensorflow_does()
     optimizer = tf.keras.optimizers.SGD(learning_rate=1.0)
     optimizer.build([dense])
     optimization.clip_and_apply(optimizer, [tf.constant([float("nan"), 1.0])], [dense],
-                                {"gradient_clip": {"kwargs": {"clip_norm": 5.0}}}, 1.0)
+                                _opt({"gradient_clip": {"kwargs": {"clip_norm": 5.0}}}), 1.0)
     assert np.isnan(dense.numpy()).all()
 
 

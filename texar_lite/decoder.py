@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from texar_lite import kernels, op_selection
 from texar_lite.dropout import RowDropout
-from texar_lite.hparams import HParams
+from texar_lite.hparams import expect_merged
 from texar_lite.initializers import uniform_initializer
 
 # Texar's LSTM cell types. All of them compute the same BasicLSTMCell
@@ -18,12 +18,24 @@ TIME_CHUNKS = 2
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `cell` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {
         "type": "LSTMBlockCell",
         "kwargs": {"num_units": 200, "forget_bias": 0.0},
         "dropout": {"output_keep_prob": 1.0},
         "num_layers": 2,
     }
+
+
+def check_hparams(hparams):
+    """Returns `hparams` (a cell's HParams), or raises ValueError naming what this decoder cannot build."""
+    if hparams.type not in CELL_TYPES:
+        raise ValueError(f"cell.type {hparams.type!r} is not supported; use one of {', '.join(CELL_TYPES)}")
+    unknown = set(hparams.kwargs) - {"num_units", "forget_bias"}
+    if unknown:
+        raise ValueError(f"cell.kwargs has unsupported keys {sorted(unknown)}; use num_units, forget_bias")
+    return hparams
 
 
 class LSTMDecoder(tf.Module):
@@ -33,10 +45,12 @@ class LSTMDecoder(tf.Module):
     carried between BPTT windows, checkpointed and gathered across ranks as is.
     """
 
-    def __init__(self, input_size, vocab_size, hparams=None, initializer=None, precision="float32",
+    def __init__(self, input_size, vocab_size, hparams, initializer=None, precision="float32",
                  cell=None, device="CPU", time_chunks=TIME_CHUNKS, input_gradient_first=True,
                  name="lstm_decoder"):
-        """device: where the model runs ("CPU", "GPU:0"); with precision it picks the cell
+        """hparams: HParams merged over default_hparams() already (a config's cell, or
+        HParams(values, default_hparams())), used as they are. device: where the model
+        runs ("CPU", "GPU:0"); with precision it picks the cell
         (texar_lite/op_selection.py) unless `cell` is given. time_chunks: how many pieces
         the layers run over time in (TIME_CHUNKS). input_gradient_first: each affine
         layer's backward computes the input gradient before the kernel gradient (why:
@@ -55,13 +69,8 @@ class LSTMDecoder(tf.Module):
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
         # cell state, the gate nonlinearities and the logits stay fp32.
         self.matmul_dtype = PRECISIONS[precision]
-        self.hparams = HParams(hparams, default_hparams())
-        if self.hparams.type not in CELL_TYPES:
-            raise ValueError(f"cell.type {self.hparams.type!r} is not supported; use one of {', '.join(CELL_TYPES)}")
+        self.hparams = check_hparams(expect_merged(hparams, "LSTMDecoder"))
         kwargs = self.hparams.kwargs
-        unknown = set(kwargs.todict()) - {"num_units", "forget_bias"}
-        if unknown:
-            raise ValueError(f"cell.kwargs has unsupported keys {sorted(unknown)}; use num_units, forget_bias")
         self.num_units = kwargs.num_units
         self.forget_bias = float(kwargs.forget_bias) if "forget_bias" in kwargs else 1.0
         self.num_layers = self.hparams.num_layers

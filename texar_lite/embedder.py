@@ -1,19 +1,22 @@
 """WordEmbedder: an id -> vector lookup table, as Texar's."""
 import tensorflow as tf
 
+from texar_lite.hparams import expect_merged
 from texar_lite.initializers import uniform_initializer
-
-from texar_lite.hparams import HParams
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `emb` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {"dim": 200, "dropout_rate": 0.0}
 
 
 class WordEmbedder(tf.Module):
-    def __init__(self, vocab_size, hparams=None, initializer=None, name="word_embedder"):
+    def __init__(self, vocab_size, hparams, initializer=None, name="word_embedder"):
+        """hparams: HParams merged over default_hparams() already (a config's emb, or
+        HParams(values, default_hparams())), used as they are."""
         super().__init__(name=name)
-        self.hparams = HParams(hparams, default_hparams())
+        self.hparams = expect_merged(hparams, "WordEmbedder")
         init = initializer or uniform_initializer(0.1)
         with self.name_scope:
             self.embedding = tf.Variable(init([vocab_size, self.hparams.dim]), name="embedding")

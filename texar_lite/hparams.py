@@ -1,5 +1,6 @@
-"""HParams: a user dict merged into defaults, type-checked, unknown keys rejected."""
+"""HParams: a user dict merged into defaults once, type-checked, unknown keys rejected; read-only."""
 import copy
+from collections.abc import Mapping
 
 
 class HParamsError(ValueError):
@@ -57,35 +58,82 @@ def merge(hparams, defaults, path=""):
     return merged
 
 
-class HParams:
-    """Read-only attribute access over merged hyperparameters.
+class HParams(Mapping):
+    """Read-only hyperparameters, with attribute and item access.
 
-    >>> hp = HParams({"cell": {"num_layers": 3}}, defaults)
-    >>> hp.cell.num_layers
-    3
+    HParams(hparams, default_hparams) merges `hparams` into the defaults once
+    (type-checked, unknown keys refused); HParams(values, None) takes values
+    that are merged already as they are, as Texar's HParams does. Nested dicts
+    become nested HParams, built here once: reading `hp.cell` returns the same
+    object every time and checks nothing again. A module takes its HParams
+    merged already and uses them as they are:
+
+    >>> WordEmbedder(vocab_size, HParams({"dim": 64}, embedder.default_hparams()))
     """
 
     def __init__(self, hparams, default_hparams):
-        object.__setattr__(self, "_values", merge(hparams, default_hparams))
+        values = hparams if default_hparams is None else merge(hparams, default_hparams)
+        if not isinstance(values, dict):
+            raise HParamsError(f"hparams must be a dict, got {values!r}")
+        object.__setattr__(self, "_values", {key: _frozen(value) for key, value in values.items()})
 
     def __getattr__(self, name):
+        # Private and special names are Python's (copy, pickle), never hyperparameters.
+        if name.startswith("_"):
+            raise AttributeError(name)
         try:
-            value = self._values[name]
+            return self._values[name]
         except KeyError:
             raise AttributeError(f"no hyperparameter '{name}'") from None
-        return HParams(value, value) if isinstance(value, dict) and value else value
 
     def __setattr__(self, name, value):
         raise AttributeError("HParams are read-only; build a new one from a dict")
 
-    def __getitem__(self, name):
-        return self.__getattr__(name)
+    def __delattr__(self, name):
+        raise AttributeError("HParams are read-only; build a new one from a dict")
 
-    def __contains__(self, name):
-        return name in self._values
+    def __getitem__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"no hyperparameter '{name}'") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return f"HParams({self.todict()!r})"
 
     def todict(self):
-        return copy.deepcopy(self._values)
+        """Plain, nested dicts and lists (results.json's "hparams"); changing them changes nothing here."""
+        return {key: _plain(value) for key, value in self._values.items()}
+
+
+def _frozen(value):
+    if isinstance(value, dict):
+        return HParams(value, None)
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _plain(value):
+    if isinstance(value, HParams):
+        return value.todict()
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def expect_merged(hparams, owner):
+    """`hparams` itself when it is an HParams: `owner` takes its hyperparameters merged already."""
+    if not isinstance(hparams, HParams):
+        raise TypeError(f"{owner} takes HParams, got a {type(hparams).__name__}: merge the values once with "
+                        "HParams(values, default_hparams())")
+    return hparams
 
 
 def parse_override(text, defaults):
@@ -130,13 +178,3 @@ def _parse_value(path, raw, default):
     raise HParamsError(f"--set {path}: a {_type_name(default)} cannot be set from the command line; "
                        "edit the config module instead")
 
-
-def deep_update(base, update):
-    """Merges nested dict `update` into a copy of `base` (no checking; merge() checks)."""
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_update(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out

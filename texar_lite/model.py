@@ -9,17 +9,18 @@ from texar_lite.op_selection import ops_for
 
 class LanguageModel(tf.Module):
     def __init__(self, config, vocab_size, seed, cell=None, device="CPU", name="lm"):
-        """device: where the model runs ("CPU", "GPU:0"). With the precision it picks the LSTM
-        cell and the softmax loss (self.ops, from texar_lite/op_selection.py); `cell` overrides the cell."""
+        """config: the run's config as runtime.config.load_config returns it; its emb and cell
+        go to the embedder and the decoder as they are. device: where the model runs ("CPU",
+        "GPU:0"). With the precision it picks the LSTM cell and the softmax loss (self.ops,
+        from texar_lite/op_selection.py); `cell` overrides the cell."""
         super().__init__(name=name)
-        init = uniform_initializer(config["init_scale"], seed)
-        precision = config.get("precision", "float32")
+        init = uniform_initializer(config.init_scale, seed)
         self.device = device
-        self.ops = ops_for(device, precision)
+        self.ops = ops_for(device, config.precision)
         with self.name_scope:
-            self.embedder = WordEmbedder(vocab_size, config["emb"], initializer=init)
-            self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config["cell"], initializer=init,
-                                       precision=precision, cell=cell, device=device)
+            self.embedder = WordEmbedder(vocab_size, config.emb, initializer=init)
+            self.decoder = LSTMDecoder(self.embedder.dim, vocab_size, config.cell, initializer=init,
+                                       precision=config.precision, cell=cell, device=device)
 
     @property
     def vocab_size(self):

@@ -1,9 +1,13 @@
-"""Optimizer, gradient clipping and epoch-based learning-rate decay from `opt` hparams."""
+"""Optimizer, gradient clipping and epoch-based learning-rate decay from `opt` hparams.
+
+Every function takes the opt HParams merged already (a config's opt, or
+HParams(values, default_hparams())) and reads them as they are.
+"""
 import math
 
 import tensorflow as tf
 
-from texar_lite.hparams import HParams
+from texar_lite.hparams import expect_merged
 
 # Texar configs name TF1 optimizers; these are their TF2 equivalents. Any
 # tf.keras.optimizers class name (SGD, Adam, RMSprop, ...) works as well.
@@ -20,6 +24,8 @@ DECAY_TYPES = ("exponential_decay", "none")
 
 
 def default_hparams():
+    """This piece's defaults, kept only here: a config's `opt` is merged over them
+    (runtime.config.schema()), as is any HParams(values, default_hparams())."""
     return {
         "optimizer": {"type": "GradientDescentOptimizer", "kwargs": {"learning_rate": 1.0}},
         "gradient_clip": {"type": "clip_by_global_norm", "kwargs": {"clip_norm": 5.0}},
@@ -31,10 +37,6 @@ def default_hparams():
             "start_decay_step": 3,
         },
     }
-
-
-def _hparams(hparams):
-    return hparams if isinstance(hparams, HParams) else HParams(hparams, default_hparams())
 
 
 def optimizer_class(type_name):
@@ -49,13 +51,13 @@ def optimizer_class(type_name):
 
 def get_optimizer(hparams):
     """Builds the optimizer named by opt.optimizer.type with its kwargs."""
-    hp = _hparams(hparams)
+    hp = expect_merged(hparams, "get_optimizer")
     kwargs = hp.optimizer.kwargs.todict()
     return optimizer_class(hp.optimizer.type)(**kwargs)
 
 
 def base_learning_rate(hparams):
-    return float(_hparams(hparams).optimizer.kwargs.learning_rate)
+    return float(expect_merged(hparams, "base_learning_rate").optimizer.kwargs.learning_rate)
 
 
 def learning_rate_at_epoch(hparams, epoch):
@@ -64,7 +66,7 @@ def learning_rate_at_epoch(hparams, epoch):
     tf.compat.v1.train.exponential_decay applied to the epochs past the start;
     with staircase the exponent is floored.
     """
-    hp = _hparams(hparams)
+    hp = expect_merged(hparams, "learning_rate_at_epoch")
     lr = base_learning_rate(hp)
     decay = hp.learning_rate_decay
     if decay.type == "none":
@@ -91,7 +93,7 @@ def _merge_duplicate_rows(grad):
 
 def clip_gradients(grads, hparams, scale=None):
     """Applies opt.gradient_clip to scale * grads; returns (grads, global norm before clipping)."""
-    hp = _hparams(hparams)
+    hp = expect_merged(hparams, "clip_gradients")
     clip = hp.gradient_clip
     grads = [_merge_duplicate_rows(g) for g in grads]
     if scale is not None:
@@ -154,7 +156,7 @@ def clip_and_apply(optimizer, grads, variables, hparams, scale):
     variable that SGD makes anyway, instead of one pass to scale and one to
     clip before it.
     """
-    hp = _hparams(hparams)
+    hp = expect_merged(hparams, "clip_and_apply")
     clip = hp.gradient_clip
     if not (_is_plain_sgd(optimizer) and clip.type in ("clip_by_global_norm", "none")):
         grads, norm = clip_gradients(grads, hp, scale)
