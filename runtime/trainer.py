@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime import logs
+from runtime.atomic_files import atomic_write
 from texar_lite import optimization
 from runtime.checkpointing import CheckpointError, TrainCheckpoint, global_lstm_state
 from runtime.config import ConfigError
@@ -234,8 +235,7 @@ def train_and_evaluate(config, data, ctx, options=None):
     start = checkpoint.initial_position(opts.resume, plan.global_batch)
     results = ctx.train(loop.run, list(model.variables) + list(optimizer.variables), start)
     if ctx.is_chief:
-        ptb_reader.atomic_write(os.path.join(opts.output_dir, "results.json"),
-                                (json.dumps(results, indent=2) + "\n").encode())
+        atomic_write(os.path.join(opts.output_dir, "results.json"), (json.dumps(results, indent=2) + "\n").encode())
     return results
 
 
@@ -308,7 +308,7 @@ class TrainingLoop:
         # Rewritten whole: an epoch that an elastic reset repeats is not listed twice.
         path = os.path.join(self.opts.output_dir, "metrics.jsonl")
         try:
-            ptb_reader.atomic_write(path, "".join(json.dumps(m) + "\n" for m in metrics).encode())
+            atomic_write(path, "".join(json.dumps(m) + "\n" for m in metrics).encode())
         except OSError as err:
             raise OSError(err.errno, f"cannot write {path} ({err.strerror}); it and the last checkpoint are "
                                      "intact: free some space and resume with --resume") from None
