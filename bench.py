@@ -259,15 +259,15 @@ def _start_horovod(**context_args):
 
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
-                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", cell="",
-                     loss="", backward="", unsynced_rank=None):
+                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
+                     backward="", unsynced_rank=None):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
-    time in collectives. cell "tf_ops" swaps the fused LSTM step kernel (the
-    recurrent product and the cell) for TF ops, and loss "tf_ops" the fused
-    softmax loss kernel. backward "unordered" leaves the order of each
+    time in collectives. tf_ops ("cell", "loss") runs those parts as TF ops
+    instead of their fused kernels (the LSTM step with its recurrent product,
+    the softmax loss). backward "unordered" leaves the order of each
     layer's two gradient matmuls to TensorFlow (the decoder's input_gradient_first).
     unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
     communication at all (see run_unsynced).
@@ -286,14 +286,11 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     import tensorflow as tf
 
     from runtime import trainer
-    from texar_lite import decoder, losses, optimization
-    if loss == "tf_ops":
-        losses.FUSED_LOSS = None  # this worker is a process of its own
+    from texar_lite import optimization
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
     plan = trainer.BatchPlan.from_config(config, ctx.size)
-    model = LanguageModel(config, config["vocab_size"], seed=1234,
-                          cell=decoder.TF_OPS_CELL if cell == "tf_ops" else None)
+    model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tf_ops)
     model.decoder.input_gradient_first = backward != "unordered"
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
@@ -331,7 +328,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
         hvd.stop_timeline()
         result["collectives_ms"] = _timeline_collective_ms(timeline, steps * repeats)
     tokens = plan.global_batch * config["num_steps"]
-    result.update(cell=model.decoder.cell.name, loss=losses.loss_name(),
+    result.update(cell=model.decoder.cell.name, loss=model.ops.loss,
                   words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
                   intra_threads=intra, inter_threads=inter, tokens_per_step=tokens,
                   flops_per_step=analytic_flops(config, config["vocab_size"]) * plan.global_batch
@@ -623,8 +620,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         # In the rounds too, so that each lever compares with its baseline of the same minute.
         measurements += [
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
-            ("small_tf_ops_loss", lambda: run_worker({**train, "loss": "tf_ops"})),
-            ("small_tf_ops_cell", lambda: run_worker({**train, "cell": "tf_ops"})),
+            ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
+            ("small_tf_ops_cell", lambda: run_worker({**train, "tf_ops": ["cell"]})),
             ("small_unordered_backward", lambda: run_worker({**train, "backward": "unordered"})),
             ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,

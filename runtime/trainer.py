@@ -147,7 +147,7 @@ def make_train_step(model, optimizer, config, ctx, plan, seed):
         with tf.GradientTape() as tape:
             logits, new_state = model(inputs, state, dropout)
             summed_loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True,
-                                                                average_across_batch=False, device=model.device)
+                                                                average_across_batch=False, ops=model.ops)
         tape = ctx.wrap_tape(tape)
         grads = tape.gradient(summed_loss, variables)
         # Texar's loss averages over the batch; the 1/rows joins the update.
@@ -165,7 +165,7 @@ def make_eval_step(model):
     @tf.function
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
-        nll = token_cross_entropy(tf.transpose(y), logits, device=model.device)
+        nll = token_cross_entropy(tf.transpose(y), logits, ops=model.ops)
         return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
 
     return eval_step
