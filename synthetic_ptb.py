@@ -25,6 +25,8 @@ import sys
 
 import numpy as np
 
+from runtime.atomic_files import atomic_write
+
 EOS = "<eos>"
 # Sentences average about 1 / 0.08 = 12 words; with 4 successors this puts
 # the true perplexity near 5.3, which a small LSTM nearly reaches in an epoch.
@@ -99,19 +101,6 @@ def sample_lines(transition, n_tokens, rng):
                 line.append(state)
 
 
-def _write_atomic(path, text):
-    # A reader never sees half a file: write a sibling, then rename it over.
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(text.encode("utf-8"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def write_synthetic_corpus(out_dir, vocab=250, successors=4,
                            train_words=200000, seed=1234):
     """Write ``ptb.{train,valid,test}.txt`` into ``out_dir``.
@@ -141,7 +130,7 @@ def write_synthetic_corpus(out_dir, vocab=250, successors=4,
         text = "".join(" " + " ".join(names[s] for s in line) + " \n"
                        for line in lines)
         path = os.path.join(out_dir, f"ptb.{split}.txt")
-        _write_atomic(path, text)
+        atomic_write(path, text.encode("utf-8"))
         files[split] = path
         counts[split] = sum(len(line) + 1 for line in lines)
     return {"entropy_rate_nats": rate, "true_perplexity": math.exp(rate),

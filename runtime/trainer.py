@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime import logs
+from runtime.atomic_files import atomic_write
 from texar_lite import optimization
 from runtime.checkpointing import CheckpointError, TrainCheckpoint, global_lstm_state
 from runtime.config import ConfigError
@@ -147,7 +148,7 @@ def make_train_step(model, optimizer, config, ctx, plan, seed):
         with tf.GradientTape() as tape:
             logits, new_state = model(inputs, state, dropout)
             summed_loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True,
-                                                                average_across_batch=False, device=model.device)
+                                                                average_across_batch=False, ops=model.ops)
         tape = ctx.wrap_tape(tape)
         grads = tape.gradient(summed_loss, variables)
         # Texar's loss averages over the batch; the 1/rows joins the update.
@@ -165,7 +166,7 @@ def make_eval_step(model):
     @tf.function
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
-        nll = token_cross_entropy(tf.transpose(y), logits, device=model.device)
+        nll = token_cross_entropy(tf.transpose(y), logits, ops=model.ops)
         return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
 
     return eval_step
@@ -235,8 +236,7 @@ def train_and_evaluate(config, data, ctx, options=None):
     start = checkpoint.initial_position(opts.resume, plan.global_batch)
     results = ctx.train(loop.run, list(model.variables) + list(optimizer.variables), start)
     if ctx.is_chief:
-        ptb_reader.atomic_write(os.path.join(opts.output_dir, "results.json"),
-                                (json.dumps(results, indent=2) + "\n").encode())
+        atomic_write(os.path.join(opts.output_dir, "results.json"), (json.dumps(results, indent=2) + "\n").encode())
     return results
 
 
@@ -309,7 +309,7 @@ class TrainingLoop:
         # Rewritten whole: an epoch that an elastic reset repeats is not listed twice.
         path = os.path.join(self.opts.output_dir, "metrics.jsonl")
         try:
-            ptb_reader.atomic_write(path, "".join(json.dumps(m) + "\n" for m in metrics).encode())
+            atomic_write(path, "".join(json.dumps(m) + "\n" for m in metrics).encode())
         except OSError as err:
             raise OSError(err.errno, f"cannot write {path} ({err.strerror}); it and the last checkpoint are "
                                      "intact: free some space and resume with --resume") from None

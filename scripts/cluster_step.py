@@ -4,8 +4,9 @@ between them uncapped and capped by tbf (as root; see tests/cluster.py).
     .venv/bin/python scripts/cluster_step.py --data_path ../shared/data/ptb
 
 Each rank runs on its own host, one thread each, and the step is timed by
-bench.py's own worker. Both hosts share this machine's cores, so the figures
-isolate what the link costs, not what a second machine would add.
+the benchmark's own worker (bench.py --worker, benchmarks/workers.py). Both
+hosts share this machine's cores, so the figures isolate what the link
+costs, not what a second machine would add.
 """
 import argparse
 import json
@@ -17,8 +18,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-import bench  # noqa: E402
 import cluster  # noqa: E402
+from benchmarks.analytic import predict_step  # noqa: E402
+from benchmarks.results import RESULT_TAG  # noqa: E402
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "host1:1,host2:1", "-bind-to", "none",
           "-map-by", "slot", "-x", "PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
@@ -31,8 +33,8 @@ def measure(hosts, data_path, steps, repeats):
     outcome = hosts.start("host1", [*MPIRUN, sys.executable, os.path.join(ROOT, "bench.py"), "--worker",
                                     json.dumps(task)], env=env, cwd=ROOT).finish(900)
     for line in outcome.stdout.splitlines():
-        if line.startswith(bench.RESULT_TAG):
-            return json.loads(line[len(bench.RESULT_TAG):])
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):])
     raise SystemExit(f"error: the measurement failed ({outcome.returncode}): {outcome.stderr[-2000:]}")
 
 
@@ -66,7 +68,7 @@ def main(argv=None):
     print("| link between the hosts | 2-rank step, ms (median, range) | model: uncapped step + the link's transfer |")
     print("|---|---|---|")
     for cap, (median, low, high), gbit in rows:
-        model = "" if gbit is None else f"{bench.predict_step(compute, config, 2, gbit, latency_us=0):.1f}"
+        model = "" if gbit is None else f"{predict_step(compute, config, 2, gbit, latency_us=0):.1f}"
         print(f"| {cap} | {median:.1f} ({low:.1f}-{high:.1f}) | {model} |")
     return 0
 

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import ptb_reader  # noqa: E402
-from ptb_reader import PTBDataError  # noqa: E402
+import ptb_download  # noqa: E402
+from ptb_download import PTBDataError  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
 PTB_FILES = {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"}
@@ -160,7 +160,7 @@ def server():
 def fetch(target, url, **kwargs):
     kwargs = {"expected_sha256": SHA256, "retries": 0, "backoff": 0.01,
               "progress": False, **kwargs}
-    return ptb_reader.prepare_data(target, url=url, **kwargs)
+    return ptb_download.prepare_data(target, url=url, **kwargs)
 
 
 def assert_good_files(target):
@@ -183,9 +183,9 @@ def test_download_verifies_and_places_the_files(server, tmp_path, monkeypatch,
     (target / ".ptb_extract_leftover").mkdir(parents=True)
     (target / ".ptb_extract_leftover" / "ptb.train.txt").write_bytes(b"half")
     monkeypatch.setenv("PTB_URL", server.url)
-    caplog.set_level(logging.WARNING, logger="ptb_reader")
+    caplog.set_level(logging.WARNING, logger="ptb_download")
 
-    paths = ptb_reader.prepare_data(target, expected_sha256=SHA256, retries=0)
+    paths = ptb_download.prepare_data(target, expected_sha256=SHA256, retries=0)
 
     assert paths == {s: os.path.join(target, f"ptb.{s}.txt") for s in SPLITS}
     assert_good_files(target)
@@ -199,7 +199,7 @@ def test_download_verifies_and_places_the_files(server, tmp_path, monkeypatch,
     err = capfd.readouterr().err
     assert f"downloading {server.url}\n" in err and "\r" not in err
 
-    assert ptb_reader.prepare_data(target) == paths
+    assert ptb_download.prepare_data(target) == paths
     assert server.requests == [None]
 
 
@@ -408,7 +408,7 @@ def test_no_network_names_the_url_and_the_local_copy(tmp_path):
 def _worker(target, url, barrier, results):
     barrier.wait(30)
     try:
-        paths = ptb_reader.prepare_data(target, url=url,
+        paths = ptb_download.prepare_data(target, url=url,
                                         expected_sha256=SHA256, retries=1,
                                         backoff=0.05, progress=False)
         results.put(("ok", paths))

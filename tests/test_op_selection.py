@@ -23,6 +23,7 @@ CUSTOM_OPS = {"LstmStepForward", "LstmStepBackward", "SoftmaxCrossEntropyInPlace
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
 NOT_BUILT = "the fused kernel is not built: run make setup"
 BF16_REASON = "the fused kernel is float32 only; precision is mixed_bfloat16"
+ASKED = "asked for instead of the fused kernel"
 
 
 def test_gpu_gets_the_tf_ops_for_both_even_when_the_kernels_are_built():
@@ -56,6 +57,26 @@ def test_cpu_without_the_kernels_built_gets_the_tf_ops_and_says_run_make_setup()
         "CPU", "float32", "TF ops", NOT_BUILT, "TF ops", NOT_BUILT)
     assert choose_ops("CPU", "float32", cell_built=True, loss_built=False) == OpChoice(
         "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", NOT_BUILT)
+
+
+def test_tf_ops_asked_for_replace_the_fused_kernels_part_by_part():
+    built = dict(cell_built=True, loss_built=True)
+    assert choose_ops("CPU", "float32", **built, tf_ops=("loss",)) == OpChoice(
+        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", ASKED)
+    assert choose_ops("CPU", "float32", **built, tf_ops=["cell"]) == OpChoice(
+        "CPU", "float32", "TF ops", ASKED, "fused kernel", "built, float32 logits on CPU")
+    both = choose_ops("CPU", "float32", **built, tf_ops=("cell", "loss"))
+    assert both.cell_line == both.loss_line == "TF ops (asked for instead of the fused kernel)"
+    # The request is the first reason, before the device.
+    assert choose_ops("GPU:0", "float32", **built, tf_ops=("cell",)) == OpChoice(
+        "GPU", "float32", "TF ops", ASKED, "TF ops", GPU_REASON)
+
+
+@pytest.mark.parametrize("tf_ops", [("softmax",), "cell"])
+def test_an_unknown_tf_ops_part_is_refused(tf_ops):
+    with pytest.raises(ValueError, match=re.escape(f"tf_ops {tf_ops!r}: expected a collection of cell, loss, "
+                                                   "e.g. ('loss',)")):
+        choose_ops("CPU", "float32", True, True, tf_ops=tf_ops)
 
 
 @pytest.mark.parametrize("device, kind", [
@@ -96,10 +117,10 @@ def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
     assert losses.loss_name("CPU") == "TF ops"
 
 
-def _traced_op_types(device):
+def _traced_op_types(device, tf_ops=()):
     """Op types in the train and eval step graphs (nested functions included) of a tiny model on `device`."""
     config = load_config("tests/config_tiny.py", ["vocab_size=50", "num_steps=3", "batch_size=4"])
-    model = LanguageModel(config, 50, seed=1, device=device)
+    model = LanguageModel(config, 50, seed=1, device=device, tf_ops=tf_ops)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     train_step = make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 1)
@@ -133,6 +154,19 @@ def test_a_model_built_for_cpu_runs_the_custom_ops():
     assert types & CUSTOM_OPS == CUSTOM_OPS
 
 
+@pytest.mark.parametrize("tf_ops, left", [
+    (("cell",), {"SoftmaxCrossEntropyInPlace"}),
+    (("loss",), {"LstmStepForward", "LstmStepBackward"}),
+    (("cell", "loss"), set()),
+])
+def test_a_cpu_model_asked_for_tf_ops_runs_them_in_training_and_evaluation(tf_ops, left):
+    # The public switch reaches the decoder and, through model.ops, the trainer's losses.
+    model, types = _traced_op_types("CPU", tf_ops)
+    assert (model.ops.cell == "TF ops", model.ops.loss == "TF ops") == ("cell" in tf_ops, "loss" in tf_ops)
+    assert (model.decoder.cell is decoder.TF_OPS_CELL) == ("cell" in tf_ops)
+    assert types & CUSTOM_OPS == left
+
+
 def test_the_fused_cell_is_refused_for_a_gpu_model():
     with pytest.raises(ValueError, match="the fused LSTM step is a CPU kernel; device GPU:0 needs the TF-ops cell"):
         decoder.LSTMDecoder(input_size=4, vocab_size=7,
@@ -145,11 +179,13 @@ def test_the_loss_for_gpu_equals_the_fused_loss():
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(size=(3, 2, 11)), tf.float32)
     labels = tf.constant(rng.integers(0, 11, size=(3, 2)), tf.int32)
-    on_gpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, device="GPU:0")
-    on_cpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, device="CPU")
+    gpu, cpu = op_selection.ops_for("GPU:0"), op_selection.ops_for("CPU")
+    assert (gpu.loss, cpu.loss) == ("TF ops", "fused kernel")
+    on_gpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, ops=gpu)
+    on_cpu = losses.sequence_sparse_softmax_cross_entropy(labels, logits, time_major=True, ops=cpu)
     np.testing.assert_allclose(float(on_gpu), float(on_cpu), rtol=1e-6)
-    np.testing.assert_allclose(losses.token_cross_entropy(labels, logits, device="GPU:0").numpy(),
-                               losses.token_cross_entropy(labels, logits, device="CPU").numpy(), rtol=1e-6)
+    np.testing.assert_allclose(losses.token_cross_entropy(labels, logits, ops=gpu).numpy(),
+                               losses.token_cross_entropy(labels, logits, ops=cpu).numpy(), rtol=1e-6)
 
 
 def test_setup_script_parses_and_make_passes_the_gpu_switch():

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import ptb_download  # noqa: E402
 import ptb_reader  # noqa: E402
 from ptb_reader import PTBDataError  # noqa: E402
 
@@ -270,7 +271,7 @@ def test_data_path_that_is_a_file(tmp_path):
 
 def test_user_corpus_is_not_checksummed(tmp_path):
     folder = write_corpus(tmp_path / "d")
-    assert ptb_reader.prepare_data(folder, url="http://127.0.0.1:9/x") == {
+    assert ptb_download.prepare_data(folder, url="http://127.0.0.1:9/x") == {
         s: os.path.join(folder, f"ptb.{s}.txt")
         for s in ("train", "valid", "test")}
 
@@ -280,7 +281,7 @@ def test_user_corpus_is_not_checksummed(tmp_path):
 def test_real_ptb_vocabulary_is_exactly_10000():
     train = REAL_PTB / "ptb.train.txt"
     digest = hashlib.sha256(train.read_bytes()).hexdigest()
-    assert digest == ptb_reader.SHA256_BY_SPLIT["train"]
+    assert digest == ptb_download.SHA256_BY_SPLIT["train"]
     vocab = ptb_reader.build_vocab(train)
     assert len(vocab) == len(set(vocab)) == 10000
     assert vocab[:5] == ["the", "<unk>", "<eos>", "N", "of"]

@@ -251,11 +251,15 @@ FUSED_CELL = _FusedCell(_CELL_LIBRARY) if _CELL_LIBRARY else None
 TF_OPS_CELL = _TfOpsCell()
 
 
+def cell_for(ops):
+    """The cell that an op_selection.OpChoice names."""
+    return FUSED_CELL if ops.fused_cell else TF_OPS_CELL
+
+
 def default_cell(precision="float32", device="CPU"):
     """The fused kernel on CPU when scripts/setup.sh has built it and the matmuls are float32, else the
     TF ops: op_selection.choose_ops decides."""
-    choice = op_selection.choose_ops(device, precision, cell_built=FUSED_CELL is not None, loss_built=False)
-    return FUSED_CELL if choice.fused_cell else TF_OPS_CELL
+    return cell_for(op_selection.choose_ops(device, precision, cell_built=FUSED_CELL is not None, loss_built=False))
 
 
 def _lstm_sequence(projected, c, h, kernel, cell):

@@ -15,8 +15,7 @@ FUSED_LOSS = kernels.load("softmax_xent")
 _SMALLEST_SAFE_PROBABILITY = 1e-30
 
 
-def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True,
-                                          device="CPU"):
+def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True, ops=None):
     """Cross entropy summed over time and, by default, averaged over the batch.
 
     labels [B, T] int, logits [B, T, V] (or [T, B] and [T, B, V] when
@@ -24,23 +23,26 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, aver
     average_across_batch=True. With average_across_batch=False the loss is
     the plain sum, whose gradient (softmax - onehot) needs no scaling pass
     over the [B*T, V] block: the trainer differentiates that and folds
-    1/batch into the optimizer step. device is where the model runs ("CPU",
-    "GPU:0"): it picks the fused kernel or the TF ops.
+    1/batch into the optimizer step. ops is the model's op_selection.OpChoice
+    (model.ops), which says whether the fused kernel or the TF ops run; None
+    takes op_selection.ops_for(): CPU, the kernel when it is built.
     """
     batch_axis = 1 if time_major else 0
     divisor = tf.cast(tf.shape(labels)[batch_axis], logits.dtype) if average_across_batch else tf.ones([], logits.dtype)
     return _summed_cross_entropy(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, logits.shape[-1]]),
-                                 divisor, device)
+                                 divisor, ops)
 
 
-def _use_fused(device):
-    # The logits are float32 under either precision, so only the device and the build matter.
-    return op_selection.ops_for(device).fused_loss
+def _use_fused(ops):
+    return (op_selection.ops_for() if ops is None else ops).fused_loss
 
 
-def token_cross_entropy(labels, logits, device="CPU"):
-    """-log softmax(logits)[labels] per token: labels [...], logits [..., V] (the evaluation loss)."""
-    if not _use_fused(device):
+def token_cross_entropy(labels, logits, ops=None):
+    """-log softmax(logits)[labels] per token: labels [...], logits [..., V] (the evaluation loss).
+
+    ops as for sequence_sparse_softmax_cross_entropy.
+    """
+    if not _use_fused(ops):
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     nll, _ = FUSED_LOSS.softmax_cross_entropy_in_place(tf.reshape(logits, [-1, logits.shape[-1]]),
                                                          tf.reshape(labels, [-1]))
@@ -52,9 +54,9 @@ def loss_name(device="CPU"):
     return op_selection.ops_for(device).loss
 
 
-def _summed_cross_entropy(labels, logits, divisor, device="CPU"):
+def _summed_cross_entropy(labels, logits, divisor, ops):
     """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits."""
-    if not _use_fused(device):
+    if not _use_fused(ops):
         return _summed_cross_entropy_tf_ops(labels, logits, divisor)
     return _summed_cross_entropy_fused(labels, logits, divisor)
 

@@ -20,8 +20,10 @@ the TF ops run this very cell, so a checkpoint moves between CPU and GPU
 runs unchanged.
 
 The reasons name the first condition that rules the fused kernel out, in
-this order: the device, the precision, the build (so that a GPU run is never
-told to run make setup for a kernel it would not use anyway).
+this order: an explicit request for the TF ops, the device, the precision,
+the build (so that a GPU run is never told to run make setup for a kernel it
+would not use anyway). The request (``tf_ops``) is how the benchmark's lever
+rows and the tests compare the fused kernels with the TF ops.
 """
 import dataclasses
 import re
@@ -30,6 +32,9 @@ FUSED = "fused kernel"
 TF_OPS = "TF ops"
 DEVICE_TYPES = ("CPU", "GPU")
 
+PARTS = ("cell", "loss")
+
+REASON_ASKED = "asked for instead of the fused kernel"
 REASON_FUSED_CELL = "built, float32 on CPU"
 REASON_FUSED_LOSS = "built, float32 logits on CPU"
 REASON_GPU = "the fused kernel is CPU-only and this run is on GPU"
@@ -80,15 +85,22 @@ def device_type(device):
     return found[-1]
 
 
-def choose_ops(device, precision, cell_built, loss_built):
+def choose_ops(device, precision, cell_built, loss_built, tf_ops=()):
     """The LSTM cell and softmax loss for a model on `device` ("CPU", "GPU", "GPU:0", ...).
 
     precision is the config's ("float32" or "mixed_bfloat16"); cell_built and
     loss_built say whether setup built texar_lite/kernels/lstm_cell.so and
-    softmax_xent.so. Pure: the same arguments give the same OpChoice.
+    softmax_xent.so. tf_ops names the parts ("cell", "loss") that run as TF
+    ops even where their fused kernel could. Pure: the same arguments give
+    the same OpChoice.
     """
     kind = device_type(device)
-    if kind == "GPU":
+    asked = set(tf_ops)
+    if isinstance(tf_ops, str) or not asked <= set(PARTS):
+        raise ValueError(f"tf_ops {tf_ops!r}: expected a collection of {', '.join(PARTS)}, e.g. ('loss',)")
+    if "cell" in asked:
+        cell, cell_reason = TF_OPS, REASON_ASKED
+    elif kind == "GPU":
         cell, cell_reason = TF_OPS, REASON_GPU
     elif precision != "float32":
         cell, cell_reason = TF_OPS, reason_precision(precision)
@@ -96,7 +108,9 @@ def choose_ops(device, precision, cell_built, loss_built):
         cell, cell_reason = TF_OPS, REASON_NOT_BUILT
     else:
         cell, cell_reason = FUSED, REASON_FUSED_CELL
-    if kind == "GPU":
+    if "loss" in asked:
+        loss, loss_reason = TF_OPS, REASON_ASKED
+    elif kind == "GPU":
         loss, loss_reason = TF_OPS, REASON_GPU
     elif not loss_built:
         loss, loss_reason = TF_OPS, REASON_NOT_BUILT
@@ -105,8 +119,8 @@ def choose_ops(device, precision, cell_built, loss_built):
     return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason)
 
 
-def ops_for(device="CPU", precision="float32"):
+def ops_for(device="CPU", precision="float32", tf_ops=()):
     """choose_ops with what setup built in this checkout (read at call time, so tests may unload an op)."""
     from texar_lite import decoder, losses
     return choose_ops(device, precision, cell_built=decoder.FUSED_CELL is not None,
-                      loss_built=losses.FUSED_LOSS is not None)
+                      loss_built=losses.FUSED_LOSS is not None, tf_ops=tf_ops)

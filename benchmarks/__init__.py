@@ -1,0 +1,1 @@
+"""The speed benchmark's parts; bench.py is its command line (see its docstring)."""

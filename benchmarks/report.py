@@ -1,0 +1,333 @@
+"""The report: the table, the levers, the goals and the scaling prediction, rendered as the generated
+block of BENCHMARKS.md (between MARK_BEGIN and MARK_END) or printed. Pure functions of a results dict,
+so `bench.py --report_from JSON` renders a saved run again.
+"""
+import os
+import re
+import shlex
+import statistics
+
+from benchmarks.analytic import gradient_bytes, predict_step
+from benchmarks.orchestration import MCA, MPIRUN, ROOT, TORCH_REFERENCE
+
+MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# The goals of issue 6.
+GOAL_TORCH_RATIO, GOAL_CEILING_SHARE, GOAL_SCALING, GOAL_COMM_SHARE = 1.3, 0.70, 0.95, 0.05
+
+
+def _fmt(triple, digits=1):
+    median, low, high = triple
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _bound_gflops(bound):
+    return bound["flops_per_step"] / bound["ms_per_step"][0] / 1e6
+
+
+def ceiling(results):
+    """The fp32 ceiling as (GFLOP/s, GFLOP per CPU-second, what it came from): the fastest fp32
+    matmul throughput measured in the run, the square sizes or the step's own matmuls alone. A
+    ceiling that some measured matmul beats would flatter every share of it."""
+    mm = results["matmul"]
+    sizes = mm.get("float32_by_size") or {"2048": mm["float32"]}
+    best = max(sizes, key=lambda n: sizes[n][0])
+    candidates = [(mm["float32"][0], mm["float32_per_cpu_s"], f"{best}^3")]
+    bound = results.get("bound")
+    if bound:
+        candidates.append((_bound_gflops(bound), bound["flops_per_step"] / bound["cpu_ms_per_step"] / 1e6,
+                           "the step's matmuls alone"))
+    return max(candidates, key=lambda c: c[0])
+
+
+def ceiling_text(results):
+    """The ceiling and every candidate for it, e.g. '148 GFLOP/s (the step's matmuls alone; 1024^3: ...)'."""
+    top, _, source = ceiling(results)
+    mm = results["matmul"]
+    sizes = mm.get("float32_by_size") or {"2048": mm["float32"]}
+    parts = [f"{n}^3: {_fmt(sizes[n], 0)}" for n in sizes]
+    if results.get("bound"):
+        parts.append(f"the step's matmuls alone: {_bound_gflops(results['bound']):.0f}")
+    return f"{top:.0f} GFLOP/s ({source}; the fastest of {', '.join(parts)})"
+
+
+ROW_LABELS = [
+    ("small", "small, 1 process, 2 threads"),
+    ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
+    ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
+    ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
+    ("small_unordered_backward", "small, 1 process, each layer's two gradient matmuls in TensorFlow's order "
+                                 "(not the input gradient first)"),
+    ("small_bf16", "small, mixed_bfloat16"),
+    ("medium", "medium, 1 process, 2 threads"),
+    ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
+    ("hvd_2x1", "small, Horovod 2 ranks x 1 thread, TCP (as between hosts)"),
+    ("hvd_2x1_vader", "small, Horovod 2 ranks x 1 thread, shared memory (btl vader, one host's default)"),
+    ("unsynced_2x1", "small, the same 2 ranks x 1 thread with no communication (compute alone)"),
+    ("collectives_2x1", "the 2x1 step's collectives alone, no compute, TCP"),
+    ("collectives_2x1_vader", "the 2x1 step's collectives alone, no compute, shared memory"),
+    ("hvd_2x1_timeline", "small, 2x1, recording a Horovod timeline"),
+    ("hvd_2x1_dense", "small, 2x1, --sparse_as_dense"),
+    ("hvd_2x1_per_worker", "small, 2x1, batch_mode=per_worker (2x batch)"),
+    ("hvd_2x1_cycle1ms", "small, 2x1, HOROVOD_CYCLE_TIME=1 (ours is 0.2)"),
+    ("hvd_2x1_cycle5ms", "small, 2x1, HOROVOD_CYCLE_TIME=5"),
+    ("hvd_2x1_fusion", "small, 2x1, HOROVOD_FUSION_THRESHOLD=64 MiB (Horovod's default; ours is 0)"),
+    ("hvd_2x1_fp16", "small, 2x1, --fp16_allreduce"),
+    ("hvd_2x1_spin", "small, 2x1, -mca mpi_yield_when_idle 0 (ranks spin while waiting)")]
+
+
+# Each lever against the setting it varies, both measured in the same rounds.
+LEVERS = [
+    ("small_bf16", "small"),
+    ("small_inter1", "small"),
+    ("small_tf_ops_loss", "small"),
+    ("small_tf_ops_cell", "small"),
+    ("small_unordered_backward", "small"),
+    ("hvd_2x1_cycle1ms", "hvd_2x1"),
+    ("hvd_2x1_fusion", "hvd_2x1"),
+    ("hvd_2x1_fp16", "hvd_2x1")]
+
+
+def lever_rows(results):
+    """(lever, baseline, ms/step ratio, CPU ms/step ratio): medians of the per-round ratios with
+    their range; below 1.00x the lever is faster. Only levers that ran in the rounds."""
+    rows = []
+    labels = dict(ROW_LABELS)
+    times = "{:.2f}x".format
+    for lever, base in LEVERS:
+        rounds = [r for r in results.get("rounds", []) if lever in r and base in r]
+        if not rounds:
+            continue
+        subset = {**results, "rounds": rounds}
+        _, wall = _round_spread(subset, lambda r: r[lever]["ms_per_step"][0] / r[base]["ms_per_step"][0], times)
+        _, cpu = _round_spread(subset, lambda r: statistics.median(r[lever]["cpu_ms_per_step"])
+                               / statistics.median(r[base]["cpu_ms_per_step"]), times)
+        rows.append((labels[lever], labels[base], wall, cpu))
+    return rows
+
+
+def table_rows(results):
+    """The table as (row name, ms/step, CPU ms/step per rank, words/s, GFLOP/s, % of fp32 ceiling, comm ms,
+    peak RSS MB per rank)."""
+    top = ceiling(results)[0]
+    rows = []
+    for key, label in ROW_LABELS:
+        r = results.get(key)
+        if not r:
+            continue
+        if "words_per_s" not in r:  # collectives alone: a time and nothing else
+            rows.append((label, _fmt(r["ms_per_step"])) + ("-",) * 6)
+            continue
+        ms = r["ms_per_step"][0]
+        gflops = r["flops_per_step"] / ms / 1e6
+        comm = r.get("collectives_ms")
+        cpu = " / ".join(f"{ms:.0f}" for ms in r["cpu_ms_per_step"])
+        if r.get("horovod_cpu_ms_per_step"):
+            cpu += f" ({' / '.join(f'{ms:.0f}' for ms in r['horovod_cpu_ms_per_step'])})"
+        rows.append((label, _fmt(r["ms_per_step"]), cpu,
+                     _fmt(r["words_per_s"], 0), f"{gflops:.0f}",
+                     f"{100 * gflops / top:.0f}%",
+                     f"{comm['collective']:.1f} / {comm['comm']:.1f}" if comm and r["ranks"] > 1 else "-",
+                     " / ".join(f"{mb:.0f}" for mb in r["peak_rss_mb"])))
+    bound = results.get("bound")
+    if bound:
+        gflops = _bound_gflops(bound)
+        rows.insert(1, ("small, its matmuls alone (the bound)", _fmt(bound["ms_per_step"]),
+                        f"{bound['cpu_ms_per_step']:.0f}", "-", f"{gflops:.0f}", f"{100 * gflops / top:.0f}%",
+                        "-", "-"))
+    return rows
+
+
+def _rounds(results):
+    """Each round of the paired measurements as a results dict (with the run's matmul figures);
+    results without rounds count as one."""
+    return [{**results, **paired} for paired in results.get("rounds", [])] or [results]
+
+
+def _round_spread(results, measure, fmt):
+    """`measure` of every round as (median, 'median (min to max over N rounds)')."""
+    values = [measure(r) for r in _rounds(results)]
+    median = statistics.median(values)
+    shown = fmt(median) if len(values) == 1 else \
+        f"{fmt(median)} ({fmt(min(values))} to {fmt(max(values))} over {len(values)} rounds)"
+    return median, shown
+
+
+def _per_round(results, measure, text, fmt, met):
+    """A goal measured in every round: (text, 'median (min-max over N rounds)', met by the median)."""
+    median, shown = _round_spread(results, measure, fmt)
+    return text, shown, met(median)
+
+
+def goals(results):
+    """The issue's goals as (text, measured value, met); goals that compare two measurements take
+    the median of their per-round ratios."""
+    source = ceiling(results)[2]
+    out = []
+    if results.get("torch"):
+        out.append(_per_round(
+            results, lambda r: r["small"]["words_per_s"][0] / r["torch"]["words_per_s"],
+            f"words/s >= {GOAL_TORCH_RATIO}x PyTorch", "{:.2f}x".format, lambda v: v >= GOAL_TORCH_RATIO))
+    percent = "{:.1%}".format  # one decimal: 69.9% must not read as 70%
+    out.append(_per_round(
+        results, lambda r: r["small"]["flops_per_step"] / r["small"]["ms_per_step"][0] / 1e6 / ceiling(r)[0],
+        f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling ({source})", percent,
+        lambda v: v >= GOAL_CEILING_SHARE))
+    out.append(_per_round(
+        results, lambda r: r["small"]["flops_per_step"] / r["small"]["cpu_ms_per_step"][0] / 1e6 / ceiling(r)[1],
+        f"the same in CPU time: step GFLOP per CPU-second against the ceiling's ({source})", percent,
+        lambda v: v >= GOAL_CEILING_SHARE))
+    ratio = "{:.2f}x".format
+    for key, transport in (("hvd_2x1", "TCP, as between hosts"), ("hvd_2x1_vader", "shared memory, one host")):
+        if results.get(key):
+            out.append(_per_round(
+                results, lambda r, key=key: r[key]["words_per_s"][0] / r["hvd_1x2"]["words_per_s"][0],
+                f"2x1 >= {GOAL_SCALING}x of 1x2 words/s ({transport})", ratio, lambda v: v >= GOAL_SCALING))
+    within = lambda v: v <= GOAL_COMM_SHARE  # noqa: E731
+    one_decimal = "{:.1%}".format
+    if results.get("unsynced_2x1"):
+        out.append(_per_round(
+            results, lambda r: (r["hvd_2x1"]["ms_per_step"][0] - r["unsynced_2x1"]["ms_per_step"][0])
+            / r["hvd_2x1"]["ms_per_step"][0],
+            f"communication adds <= {GOAL_COMM_SHARE:.0%} to the 2x1 step (TCP 2x1 against its compute alone)",
+            one_decimal, within))
+    for key, step, transport in (("collectives_2x1", "hvd_2x1", "TCP"),
+                                 ("collectives_2x1_vader", "hvd_2x1_vader", "shared memory")):
+        if results.get(key) and results.get(step):
+            out.append(_per_round(
+                results, lambda r, key=key, step=step: r[key]["ms_per_step"][0] / r[step]["ms_per_step"][0],
+                f"the step's collectives alone (no compute, {transport}) <= {GOAL_COMM_SHARE:.0%} of its 2x1 step",
+                one_decimal, within))
+    timed = results.get("hvd_2x1_timeline")
+    if timed:
+        comm = timed["collectives_ms"]["collective"] / timed["ms_per_step"][0]
+        out.append((f"time inside collectives <= {GOAL_COMM_SHARE:.0%} of the 2x1 step (timeline run; includes "
+                    "waiting for the other rank)", f"{comm:.1%}", within(comm)))
+    return out
+
+
+def scaling_rows(results, ranks=(2, 8, 64), bandwidths=(10, 100), latency_us=20.0):
+    """Predicted per_worker (weak scaling) steps: (ranks, Gb/s, step ms, efficiency, words/s)."""
+    from runtime.config import load_config
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    compute = results["small"]["ms_per_step"][0]
+    rows = []
+    for bandwidth in bandwidths:
+        for n in ranks:
+            step = predict_step(compute, config, n, bandwidth, latency_us)
+            rows.append((n, bandwidth, step, compute / step, n * results["small"]["tokens_per_step"] / step * 1e3))
+    return rows
+
+
+def torch_line(results):
+    """The report's sentence on the PyTorch reference against our small step."""
+    t = results.get("torch")
+    if not t:
+        return "PyTorch reference: not run (no venv at TORCH_PYTHON or no PTB data)."
+    rounds = t.get("rounds_words_per_s", [t["words_per_s"]])
+    spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
+    return (f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
+            f"{t['steps']} steps a run, timed in the same run as ours): "
+            f"**{t['words_per_s']:.0f} words/s**{spread_text}; "
+            f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.")
+
+
+def render(results, command):
+    """The generated part of BENCHMARKS.md, as Markdown."""
+    mm = results["matmul"]
+    mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
+    # The date alone, and the command without --json's file, which stays outside the tree.
+    shown = re.sub(r" --json[= ]\S+", "", command)
+    lines = [MARK_BEGIN, "", f"Measured {results['started'].split()[0]} on {results['cores']} cores of "
+             f"{results.get('cpu', 'an unrecorded CPU')} with `{shown}`. "
+             f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...`; the rows "
+             "with collective times ran a second time with HOROVOD_TIMELINE=DYNAMIC, which slows the step, "
+             "and report that run's ms/step.", ""]
+    if results["busy_before"] or results["busy_after"]:
+        lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
+                  "so the numbers below are lower than an idle machine would give:", ""]
+        lines += [f"    {line[:150]}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
+    lines += [f"fp32 matmul ceiling, 2 threads: **{ceiling_text(results)}**; "
+              f"bf16 (2048^3): {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
+              "| step | ms/step | CPU ms/step per rank (Horovod's thread) | words/s | GFLOP/s | % fp32 ceiling "
+              "| collective / transfer ms per step | peak RSS MB per rank |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    lines += ["", "Medians over repeated windows of steps after warm-up, (min-max) of the windows. "
+              f"FLOPs per step are analytic matmul FLOPs: small {results['small']['flops_per_step'] / 1e9:.2f} "
+              f"GFLOP, medium {results['medium']['flops_per_step'] / 1e9:.2f} GFLOP. CPU ms is the process's "
+              "user + sys time per step (all its threads), which other load on the machine barely moves; in "
+              "brackets the part of it in the threads hvd.init() starts (Horovod's background thread, which "
+              "runs the MPI calls). "
+              "The small step in one process, its matmuls alone, Horovod 1x2 and 2x1 (TCP and shared memory), "
+              "compute alone, the collectives alone, bf16, the PyTorch reference and (with --levers) the levers "
+              "below ran in "
+              f"{len(_rounds(results))} alternating round(s): each row "
+              "pools the windows of all rounds, and the goals that compare two of them take the median of the "
+              "per-round ratios (with their range). "
+              "Collective ms is rank 0's "
+              "time inside Horovod collectives after negotiation (Horovod timeline), transfer ms the MPI "
+              "part of it.", ""]
+    lines += [torch_line(results), ""]
+    levers = lever_rows(results)
+    if levers:
+        lines += ["Each lever against its baseline, both in the same alternating rounds: the median of the "
+                  "per-round ratios of ms/step and of CPU ms/step (per rank, the median of the ranks), with "
+                  "their range; below 1.00x the lever is faster.", "",
+                  "| lever | against | ms/step ratio | CPU ms/step ratio |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in levers] + [""]
+    lines += ["| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {text} | {value} | {'yes' if met else 'no'} |" for text, value, met in goals(results)]
+    lines += _render_scaling(results)
+    lines += ["", MARK_END]
+    return "\n".join(lines)
+
+
+def _render_scaling(results):
+    from runtime.config import load_config
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    dense, rows = gradient_bytes(config)
+    measured = results["hvd_2x1_per_worker"]
+    lines = ["", "### Scaling past one machine (predicted from the measured step)", "",
+             f"Per rank and step the small model sends {dense / 1e6:.2f} MB of dense gradients (LSTM kernels "
+             f"and biases, softmax kernel and bias; ring allreduce) and {rows / 1e3:.0f} kB of embedding rows "
+             "(400 rows of 200 floats plus int64 indices; allgather). Prediction for batch_mode=per_worker "
+             f"(20 rows per rank), compute = the measured 1-process step ({results['small']['ms_per_step'][0]:.1f} "
+             "ms), 20 us per message, no overlap of communication with compute:", "",
+             "| ranks | network | predicted step ms | efficiency | words/s |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {bw} Gb/s | {step:.1f} | {eff:.0%} | {wps:.0f} |"
+              for n, bw, step, eff, wps in scaling_rows(results)]
+    comm = measured.get("collectives_ms", {})
+    lines += ["", f"Measured here, 2 ranks on one host over TCP loopback (per_worker): "
+              f"{measured['ms_per_step'][0]:.1f} ms/step, of which {comm.get('collective', 0):.1f} ms in "
+              f"collectives ({comm.get('comm', 0):.1f} ms in MPI transfers, {comm.get('negotiate', 0):.1f} ms "
+              "negotiating, i.e. waiting for the other rank); the model predicts "
+              f"{predict_step(0.0, config, 2, 10):.1f} ms of communication at 10 Gb/s."]
+    return lines
+
+
+def write_report(results, command, path=os.path.join(ROOT, "BENCHMARKS.md")):
+    """Replaces the generated block of BENCHMARKS.md, keeping the hand-written text around it."""
+    block = render(results, command)
+    text = open(path).read() if os.path.exists(path) else f"# Benchmarks\n\n{MARK_BEGIN}\n{MARK_END}\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + block + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def print_table(results):
+    header = ("step", "ms/step", "CPU ms/rank (Horovod)", "words/s", "GFLOP/s", "%ceil", "coll/xfer ms", "RSS MB/rank")
+    rows = [header] + table_rows(results)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    mm = results["matmul"]
+    print(f"fp32 matmul ceiling {ceiling_text(results)}; bf16 {_fmt(mm['bfloat16'], 0)} GFLOP/s")
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    if results.get("torch"):
+        print(f"PyTorch reference {results['torch']['words_per_s']:.0f} words/s")
+    for lever, base, wall, cpu in lever_rows(results):
+        print(f"lever {lever}: against {base}: ms/step {wall}, CPU ms/step {cpu}")
+    for text, value, met in goals(results):
+        print(f"goal {text}: {value} ({'met' if met else 'not met'})")

@@ -1,0 +1,352 @@
+"""The measurements, each taken inside a fresh worker process (`python bench.py --worker JSON`), so that
+peak RSS and thread settings belong to one measurement.
+
+A worker runs one task (kind "matmul", "bound", "train" or "collectives"; under mpirun for the Horovod
+ones) and prints its result as one line tagged RESULT_TAG, which benchmarks/orchestration.py reads. The
+functions return numbers, so a notebook can also call them directly.
+"""
+import json
+import os
+import resource
+import statistics
+import time
+
+from benchmarks.analytic import analytic_flops, gradient_bytes
+from benchmarks.results import RESULT_TAG, spread
+from runtime import context
+
+
+def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
+    """GFLOP/s of an n x n x n tf.matmul: (median, min, max) over `repeats` timings.
+
+    Also returns the median GFLOP per CPU-second (all threads' CPU time), the
+    yardstick for CPU time per step.
+    """
+    import tensorflow as tf
+    a = tf.cast(tf.random.uniform([n, n]), dtype)
+    b = tf.cast(tf.random.uniform([n, n]), dtype)
+    product = tf.function(lambda a, b: tf.reduce_sum(tf.cast(tf.matmul(a, b)[0, :8], tf.float32)))
+    product(a, b).numpy()
+    rates, cpu_rates = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), _cpu_seconds()
+        for _ in range(inner):
+            product(a, b).numpy()
+        rates.append(2 * n ** 3 * inner / (time.perf_counter() - start) / 1e9)
+        cpu_rates.append(2 * n ** 3 * inner / (_cpu_seconds() - start_cpu) / 1e9)
+    return spread(rates), statistics.median(cpu_rates)
+
+
+def step_matmuls(config_name, repeats=5, inner=10, vocab_size=10000):
+    """Times the small step's matmuls alone, with its shapes, in its order: the bound on the step.
+
+    Forward per layer: the input projection of all T steps, then T recurrent
+    [B, H] x [H, 4H] products, one after the other; then the softmax layer.
+    Backward: the transposed products for the inputs, and the kernels'
+    gradients, as the trainer computes them (the softmax kernel's with the
+    bias row appended). Whatever the step does besides these takes it further
+    below the ceiling. Returns {"ms_per_step": (median, min, max),
+    "cpu_ms_per_step": median, "flops_per_step"}.
+    """
+    import tensorflow as tf
+
+    from runtime.config import load_config
+    config = load_config(config_name)
+    batch, steps, units = config["batch_size"], config["num_steps"], config["hidden_size"]
+    tokens, emb, layers = batch * steps, config["emb"]["dim"], config["cell"]["num_layers"]
+    rand = lambda *shape: tf.random.uniform(shape, -0.1, 0.1)  # noqa: E731
+    x = [rand(tokens, emb if layer == 0 else units) for layer in range(layers)]
+    w_x = [rand(emb if layer == 0 else units, 4 * units) for layer in range(layers)]
+    w_h, h, d_gates = rand(units, 4 * units), rand(batch, units), rand(tokens, 4 * units)
+    w_out, h_out, d_logits = rand(units, vocab_size), rand(tokens, units + 1), rand(tokens, vocab_size)
+
+    @tf.function
+    def run():
+        total = tf.zeros([])
+        for layer in range(layers):
+            total += tf.reduce_sum(tf.matmul(x[layer], w_x[layer])[0, :1])
+            state = h
+            for _ in range(steps):
+                state = tf.matmul(state, w_h)[:, :units]
+        total += tf.reduce_sum(tf.matmul(h_out[:, :units], w_out)[0, :1])
+        total += tf.reduce_sum(tf.matmul(d_logits, w_out, transpose_b=True)[0, :1])
+        total += tf.reduce_sum(tf.matmul(h_out, d_logits, transpose_a=True)[0, :1])
+        for layer in range(layers):
+            d_state = h
+            for _ in range(steps):
+                d_state = tf.matmul(tf.tile(d_state, [1, 4]), w_h, transpose_b=True)
+            total += tf.reduce_sum(tf.matmul(d_gates, w_x[layer], transpose_b=True)[0, :1])
+            total += tf.reduce_sum(tf.matmul(x[layer], d_gates, transpose_a=True)[0, :1])
+            total += tf.reduce_sum(tf.matmul(x[-1], d_gates, transpose_a=True)[0, :1])
+        return total + tf.reduce_sum(state) + tf.reduce_sum(d_state)
+
+    run().numpy()
+    times, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), _cpu_seconds()
+        for _ in range(inner):
+            run().numpy()
+        times.append((time.perf_counter() - start) * 1e3 / inner)
+        cpu.append((_cpu_seconds() - start_cpu) * 1e3 / inner)
+    return {"ms_per_step": spread(times), "windows_ms": times, "cpu_ms_per_step": statistics.median(cpu),
+            "flops_per_step": analytic_flops(config, vocab_size)}
+
+
+def _batches(config, data_path, rank, size, global_batch):
+    """Endless training windows of this rank: PTB when data_path has it, else random ids."""
+    import numpy as np
+
+    import ptb_reader
+    num_steps = config["num_steps"]
+    if data_path and os.path.exists(os.path.join(data_path, "ptb.train.txt")):
+        ids = ptb_reader.load_ptb(data_path, vocab_size=config["vocab_size"]).train
+    else:
+        ids = np.random.default_rng(0).integers(0, config["vocab_size"], 200_000).astype(np.int32)
+    while True:
+        yield from ptb_reader.ptb_iterator(ids, global_batch, num_steps, rank, size)
+
+
+def timeline_collective_ms(path, steps):
+    """Per-step ms that rank 0 spent in Horovod collectives, from a timeline file.
+
+    Returns {"comm": union of the MPI/Gloo transfer spans, "collective":
+    union of the whole collective spans after negotiation, "negotiate":
+    union of negotiation spans (mostly waiting for the slower rank)}.
+    """
+    with open(path) as f:
+        text = f.read().strip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    open_spans, spans = {}, {"comm": [], "collective": [], "negotiate": []}
+    for event in events:
+        if event.get("ph") not in ("B", "E"):
+            continue
+        key = (event.get("pid"), event.get("tid"))
+        if event["ph"] == "B":
+            open_spans.setdefault(key, []).append((event.get("name", ""), event["ts"]))
+            continue
+        if not open_spans.get(key):
+            continue
+        name, begin = open_spans[key].pop()
+        if name.startswith(("MPI_", "GLOO_")) and "CALLBACK" not in name:
+            spans["comm"].append((begin, event["ts"]))
+        elif name.startswith("NEGOTIATE"):
+            spans["negotiate"].append((begin, event["ts"]))
+        elif name in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"):
+            spans["collective"].append((begin, event["ts"]))
+
+    def union_ms(intervals):
+        total, end = 0.0, float("-inf")
+        for begin, finish in sorted(intervals):
+            if finish > end:
+                total += finish - max(begin, end)
+                end = finish
+        return total / 1e3
+
+    return {kind: union_ms(intervals) / steps for kind, intervals in spans.items()}
+
+
+class UnsyncedContext(context.LocalContext):
+    """Rank `rank` of a `size`-rank run in its rows and threads, with every collective a no-op: the
+    compute of a synchronised step alone (orchestration.run_unsynced runs the ranks side by side)."""
+
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+        self.local_size, self.is_chief = size, rank == 0
+
+
+def _start_horovod(**context_args):
+    """hvd.init() with the suite's Horovod defaults; returns (hvd, a HorovodContext, the ids of
+    the threads hvd.init() started: Horovod's background thread and MPI's helpers)."""
+    import horovod.tensorflow as hvd
+
+    context.apply_horovod_defaults()
+    before = _thread_ids()
+    hvd.init()
+    return hvd, context.HorovodContext(hvd, **context_args), sorted(_thread_ids() - before)
+
+
+def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
+                     distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
+                     backward="", unsynced_rank=None):
+    """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
+
+    Returns a dict with ms/step and words/s (global: all ranks' tokens), the
+    thread settings, peak RSS per rank, and with a timeline the per-step
+    time in collectives. tf_ops ("cell", "loss") runs those parts as TF ops
+    instead of their fused kernels (the LSTM step with its recurrent product,
+    the softmax loss). backward "unordered" leaves the order of each
+    layer's two gradient matmuls to TensorFlow (the decoder's input_gradient_first).
+    unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
+    communication at all (UnsyncedContext).
+    """
+    from runtime import config as config_lib
+    ctx = UnsyncedContext(*unsynced_rank) if unsynced_rank else context.LocalContext()
+    horovod_threads = []
+    if distributed:
+        hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
+    intra, inter = context.configure_cpu_threads(ctx.local_size)
+    import tensorflow as tf
+
+    from runtime import trainer
+    from texar_lite import optimization
+    from texar_lite.model import LanguageModel
+    config = config_lib.load_config(config_name, list(overrides))
+    plan = trainer.BatchPlan.from_config(config, ctx.size)
+    model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tf_ops)
+    model.decoder.input_gradient_first = backward != "unordered"
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
+    train_step = trainer.make_train_step(model, optimizer, config, ctx, plan, seed=1234)
+    batches = _batches(config, data_path, ctx.rank, ctx.size, plan.global_batch)
+    state = model.zero_state(plan.rows_per_rank)
+    epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
+
+    def run(count, first):
+        nonlocal state
+        for step in range(first, first + count):
+            x, y = next(batches)
+            loss, state, _ = train_step(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)
+            float(loss)  # the trainer reads the loss every step; so does the benchmark
+
+    run(warmup, 0)
+    if timeline and ctx.is_chief:
+        hvd.start_timeline(timeline)
+    windows, cpu = [], []
+    horovod_start = _thread_cpu_seconds(horovod_threads)
+    for repeat in range(repeats):
+        start, start_cpu = time.perf_counter(), _cpu_seconds()
+        run(steps, warmup + repeat * steps)
+        windows.append((time.perf_counter() - start) * 1e3 / steps)
+        cpu.append((_cpu_seconds() - start_cpu) * 1e3 / steps)
+    horovod_cpu = (_thread_cpu_seconds(horovod_threads) - horovod_start) * 1e3 / (steps * repeats)
+    # CPU time per step barely moves when other processes share the cores,
+    # unlike wall time, so it is the figure to compare across busy runs.
+    result = {"ms_per_step": spread(windows), "windows_ms": windows,
+              "cpu_ms_per_step": ctx.allgather_object(statistics.median(cpu), name="cpu_ms")}
+    if distributed:
+        result["horovod_cpu_ms_per_step"] = ctx.allgather_object(horovod_cpu, name="horovod_cpu_ms")
+    if timeline and ctx.is_chief:
+        hvd.stop_timeline()
+        result["collectives_ms"] = timeline_collective_ms(timeline, steps * repeats)
+    tokens = plan.global_batch * config["num_steps"]
+    result.update(cell=model.decoder.cell.name, loss=model.ops.loss,
+                  words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,
+                  intra_threads=intra, inter_threads=inter, tokens_per_step=tokens,
+                  flops_per_step=analytic_flops(config, config["vocab_size"]) * plan.global_batch
+                  // config["batch_size"],
+                  peak_rss_mb=ctx.allgather_object(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                                   name="peak_rss"))
+    return result
+
+
+def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path=""):
+    """Times the collectives of one synchronised train step with no compute around them.
+
+    Under mpirun: the step's real gradients (dense allreduces, the
+    embedding's rows allgathered) computed once, then allreduced as
+    DistributedGradientTape does every step, plus the loss-and-stop
+    allreduce. This is what the transport costs a step when nothing
+    competes with it for the cores.
+    """
+    from runtime import config as config_lib
+    hvd, ctx, _ = _start_horovod()
+    context.configure_cpu_threads(ctx.local_size)
+    import tensorflow as tf
+
+    from runtime import trainer
+    from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+    from texar_lite.model import LanguageModel
+    config = config_lib.load_config(config_name)
+    plan = trainer.BatchPlan.from_config(config, ctx.size)
+    model = LanguageModel(config, config["vocab_size"], seed=1234)
+    x, y = next(_batches(config, data_path, ctx.rank, ctx.size, plan.global_batch))
+    with tf.GradientTape() as tape:
+        logits, _ = model(tf.transpose(x), model.zero_state(plan.rows_per_rank))
+        loss = sequence_sparse_softmax_cross_entropy(tf.transpose(y), logits, time_major=True)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+    def make_call(communicate):
+        @tf.function
+        def call(grads, loss):
+            reduced, shared = grads, tf.stack([loss, 0.0])
+            if communicate:
+                reduced = [hvd.allreduce(grad, op=hvd.Average, name=f"grad_{i}") for i, grad in enumerate(grads)]
+                shared = ctx.allreduce(shared, op="mean", name="loss_and_stop")
+            parts = [r.values if isinstance(r, tf.IndexedSlices) else r for r in reduced]
+            return shared[0] + tf.add_n([tf.reshape(part, [-1])[0] for part in parts])
+        return call
+
+    # The same call without the collectives times what calling a function costs (Python and
+    # dispatch, about 1 ms here); every step pays it anyway, so it is taken off.
+    calls = {"collectives": make_call(True), "empty": make_call(False)}
+    windows = {name: [] for name in calls}
+    for _ in range(warmup):
+        for call in calls.values():
+            float(call(grads, loss))
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                float(call(grads, loss))
+            windows[name].append((time.perf_counter() - start) * 1e3 / steps)
+    net = [full - empty for full, empty in zip(windows["collectives"], windows["empty"])]
+    dense, rows = gradient_bytes(config, config["vocab_size"], ctx.size)
+    return {"ms_per_step": spread(net), "windows_ms": net, "call_ms": spread(windows["empty"]), "ranks": ctx.size,
+            "dense_bytes": dense, "row_bytes": rows}
+
+
+def _cpu_seconds():
+    times = os.times()
+    return times.user + times.system
+
+
+def _thread_ids():
+    return set(os.listdir("/proc/self/task"))
+
+
+def _thread_cpu_seconds(thread_ids):
+    """User + sys CPU seconds of these threads of this process, from /proc (Linux)."""
+    total = 0.0
+    for tid in thread_ids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread has ended
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def worker(argv):
+    """Entry point of the measuring processes (python bench.py --worker JSON)."""
+    task = json.loads(argv[0])
+    kind = task.pop("kind")
+    under_mpirun = task.get("distributed") or kind == "collectives"
+    if kind in ("matmul", "bound"):
+        context.configure_cpu_threads(1)
+    if kind == "matmul":
+        result = {}
+        for dtype in task["dtypes"]:
+            # One size can hit a poor blocking on a given CPU (on one machine 2048^3 ran at 70% of
+            # 3072^3), so the fp32 ceiling is the fastest of a few.
+            sizes = task.get("sizes", [2048]) if dtype == "float32" else [2048]
+            by_size = {n: matmul_gflops(n=n, dtype=dtype, repeats=task["repeats"]) for n in sizes}
+            best = max(sizes, key=lambda n: by_size[n][0][0])
+            result[dtype], result[dtype + "_per_cpu_s"] = by_size[best]
+            result[dtype + "_by_size"] = {str(n): by_size[n][0] for n in sizes}
+    elif kind == "bound":
+        result = step_matmuls(**task)
+    elif kind == "collectives":
+        result = measure_collectives(**task)
+    else:
+        result = measure_training(**task)
+    if not under_mpirun or _is_chief():
+        print(RESULT_TAG + json.dumps(result), flush=True)
+    return 0
+
+
+def _is_chief():
+    import horovod.tensorflow as hvd
+    return hvd.rank() == 0
+

@@ -1,0 +1,126 @@
+"""The benchmark's arithmetic and report (benchmarks/): the analytic model, the timeline parsing, the
+goals, rounds, levers and ceiling, from hand-made measurements."""
+import json
+
+from benchmarks import analytic, orchestration, report, workers
+from runtime.config import load_config
+
+
+def test_bench_analytic_model_and_timeline_parsing(tmp_path):
+    small = load_config("config_small")
+    # 3 x (2 layers x 2 x 400 x 400 x 800 + 2 x 400 x 200 x 10000)
+    assert analytic.analytic_flops(small) == 6_336_000_000
+    dense, rows = analytic.gradient_bytes(load_config("config_small", ["batch_mode=per_worker"]))
+    assert dense == 4 * (2 * (400 * 800 + 800) + 200 * 10000 + 10000) and rows == 400 * (800 + 8)
+    config = load_config("config_small", ["batch_mode=per_worker"])
+    steps = [analytic.predict_step(40.0, config, n, 10) for n in (1, 2, 8, 64)]
+    assert steps[0] == 40.0 and steps == sorted(steps)
+    assert analytic.predict_step(40.0, config, 64, 100) < steps[-1]
+    # Two fused tensors whose MPI spans overlap count once; negotiation apart.
+    events = [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 0, "pid": 1}, {"ph": "E", "ts": 500, "pid": 1}]
+    for pid in (1, 2):
+        events += [{"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": pid},
+                   {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 1100, "pid": pid}]
+    events += [{"ph": "E", "ts": ts, "pid": pid} for pid in (1, 2) for ts in (3100, 3200)]
+    path = tmp_path / "timeline.json"
+    # Horovod leaves the JSON array open while it records.
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
+    assert workers.timeline_collective_ms(str(path), steps=2) == {"comm": 1.0, "collective": 1.1, "negotiate": 0.25}
+
+
+def _bench_row(ms, words, ranks=1, cpu=(60,), flops=6.4e9, **extra):
+    return {"ms_per_step": (ms, ms, ms), "windows_ms": [ms], "words_per_s": (words, words, words),
+            "ranks": ranks, "cpu_ms_per_step": list(cpu), "flops_per_step": flops, "peak_rss_mb": [500] * ranks,
+            "tokens_per_step": 400, **extra}
+
+
+def test_bench_goals_from_measurements():
+    row = _bench_row
+    results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0},
+               "small": row(32.0, 12500), "hvd_1x2": row(32.0, 12500),
+               "hvd_2x1": row(40.0, 10000, 2, (40, 40), horovod_cpu_ms_per_step=[12.0, 9.5]),
+               "unsynced_2x1": row(38.0, 10526, 2, (38, 38)),
+               "collectives_2x1": {"ms_per_step": (4.0, 3.0, 5.0), "windows_ms": [4.0]},
+               "hvd_2x1_timeline": row(44.0, 9090, 2, collectives_ms={"collective": 11.0, "comm": 10.0}),
+               "torch": {"words_per_s": 8000.0}}
+    got = {text.split(" (")[0]: (value, met) for text, value, met in report.goals(results)}
+    assert got["words/s >= 1.3x PyTorch"] == ("1.56x", True)
+    assert got["small step >= 70% of fp32 ceiling"] == ("62.5%", False)   # 6.4 GFLOP / 32 ms = 200 of 320
+    assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.80x", False)
+    assert got["communication adds <= 5% to the 2x1 step"] == ("5.0%", True)   # (40 - 38) / 40
+    assert got["the step's collectives alone"] == ("10.0%", False)              # 4 / 40
+    assert got["time inside collectives <= 5% of the 2x1 step"] == ("25.0%", False)
+    rows = {r[0]: r for r in report.table_rows(results)}
+    assert rows["small, Horovod 2 ranks x 1 thread, TCP (as between hosts)"][2] == "40 / 40 (12 / 10)"
+    labels = list(rows)
+    assert "small, the same 2 ranks x 1 thread with no communication (compute alone)" in labels
+    assert ("the 2x1 step's collectives alone, no compute, TCP", "4.0 (3.0-5.0)") + ("-",) * 6 \
+        in report.table_rows(results)
+    assert report.ceiling(results) == (320.0, 160.0, "2048^3")
+
+
+def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
+    row = _bench_row
+    # Round 2 ran while the machine was busy: both sides slowed, and the pooled medians alone
+    # would mix rounds; the per-round ratios are 0.90, 1.00 and 0.96.
+    rounds = [{"hvd_1x2": row(40.0, 10000), "hvd_2x1": row(44.4, 9000, 2), "small": row(32.0, 12500)},
+              {"hvd_1x2": row(80.0, 5000), "hvd_2x1": row(80.0, 5000, 2), "small": row(64.0, 6250)},
+              {"hvd_1x2": row(40.0, 10000), "hvd_2x1": row(41.7, 9600, 2), "small": row(32.0, 12500)}]
+    results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0}, "rounds": rounds}
+    for name in ("hvd_1x2", "hvd_2x1", "small"):
+        results[name] = orchestration.merge_rounds([r[name] for r in rounds])
+    # The PyTorch reference runs in each round too; pooled medians would give 12500 / 8000 = 1.56x.
+    for round_results, words in zip(rounds, (8000.0, 5000.0, 10000.0)):
+        round_results["torch"] = {"words_per_s": words, "torch": "2.x", "steps": 300}
+    results["torch"] = orchestration.merge_torch_rounds([r["torch"] for r in rounds])
+    assert results["torch"]["words_per_s"] == 8000.0
+    assert orchestration.merge_torch_rounds([None, None]) is None
+    got = {text.split(" (")[0]: (value, met) for text, value, met in report.goals(results)}
+    assert got["words/s >= 1.3x PyTorch"] == ("1.25x (1.25x to 1.56x over 3 rounds)", False)
+    assert ("300 steps a run, timed in the same run as ours): **8000 words/s** (5000-10000 over 3 rounds)"
+            in report.torch_line(results))
+    assert got["2x1 >= 0.95x of 1x2 words/s"] == ("0.96x (0.90x to 1.00x over 3 rounds)", True)
+    assert got["small step >= 70% of fp32 ceiling"] == ("62.5% (31.2% to 62.5% over 3 rounds)", False)
+    for round_results, cpu in zip(rounds, ([10.0, 12.0], [30.0, 31.0], [11.0, 50.0])):
+        round_results["hvd_2x1"]["horovod_cpu_ms_per_step"] = cpu
+    assert orchestration.merge_rounds([r["hvd_2x1"] for r in rounds])["horovod_cpu_ms_per_step"] == [11.0, 31.0]
+    merged = results["hvd_2x1"]
+    assert merged["windows_ms"] == [44.4, 80.0, 41.7] and merged["ms_per_step"] == (44.4, 41.7, 80.0)
+    assert merged["rounds_ms"] == [44.4, 80.0, 41.7] and merged["words_per_s"][0] == 400 / 44.4 * 1e3
+    # The runs are interleaved: every measurement once per round, in turn.
+    calls = []
+    order = orchestration.interleave([(name, lambda name=name: calls.append(name) or name) for name in "ab"], rounds=2)
+    assert calls == ["a", "b", "a", "b"] and order == [{"a": "a", "b": "b"}] * 2
+
+
+def test_bench_levers_compare_with_their_baseline_round_by_round():
+    row = _bench_row
+    # Round 2 ran on a busy machine: both sides slowed alike, so the ratio holds.
+    rounds = [{"small": row(50.0, 8000, cpu=(80,)), "small_tf_ops_loss": row(55.0, 7273, cpu=(88,))},
+              {"small": row(100.0, 4000, cpu=(90,)), "small_tf_ops_loss": row(105.0, 3810, cpu=(90,))},
+              {"small": row(50.0, 8000, cpu=(80,)), "small_tf_ops_loss": row(54.0, 7407, cpu=(84,))}]
+    results = {"rounds": rounds}
+    assert report.lever_rows(results) == [(
+        "small, 1 process, the softmax loss as TF ops (no fused loss kernel)", "small, 1 process, 2 threads",
+        "1.08x (1.05x to 1.10x over 3 rounds)", "1.05x (1.00x to 1.10x over 3 rounds)")]
+    # A lever measured once, outside the rounds, has no paired ratio to show.
+    assert report.lever_rows({"rounds": [{"small": row(50.0, 8000)}], "small_inter1": row(49.0, 8163)}) == []
+
+
+def test_bench_ceiling_is_the_fastest_matmul_measured():
+    results = {"matmul": {"float32": (136.0, 130.0, 140.0), "float32_per_cpu_s": 70.0,
+                          "float32_by_size": {"1024": (104.0, 100.0, 110.0), "2048": (113.0, 108.0, 118.0),
+                                              "3072": (136.0, 130.0, 140.0)}}}
+    assert report.ceiling(results) == (136.0, 70.0, "3072^3")
+    # The step's own matmuls beat every square size: they set the ceiling, in wall and in CPU time.
+    results["bound"] = {"flops_per_step": 6.4e9, "ms_per_step": (40.0, 39.0, 41.0), "cpu_ms_per_step": 80.0}
+    assert report.ceiling(results) == (160.0, 80.0, "the step's matmuls alone")
+    assert report.ceiling_text(results).startswith("160 GFLOP/s (the step's matmuls alone; the fastest of "
+                                                  "1024^3: 104 (100-110), 2048^3: 113 (108-118)")
+    results["small"] = {"ms_per_step": (64.0, 63.0, 65.0), "cpu_ms_per_step": [120.0], "flops_per_step": 6.4e9,
+                        "words_per_s": (6250.0,) * 3}
+    shares = [b for text, b, _ in report.goals({**results, "hvd_1x2": results["small"], "hvd_2x1": results["small"],
+                                                 "hvd_2x1_timeline": {**results["small"],
+                                                                      "collectives_ms": {"collective": 1.0}}})
+              if "ceiling" in text or "CPU time" in text]
+    assert shares == ["62.5%", "66.7%"]   # 100 GFLOP/s of 160; 53.3 GFLOP per CPU-second of 80

@@ -1,0 +1,60 @@
+"""The fused LSTM step kernel (texar_lite/kernels/lstm_cell.cc) against the TF-ops cell, one step at a time."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from texar_lite import decoder
+
+
+def test_fused_cell_op_is_built():
+    # scripts/setup.sh compiles it; without it training silently runs the slower TF ops.
+    assert decoder.FUSED_CELL is not None, f"{decoder.FUSED_CELL_LIBRARY} is missing: run make setup"
+    assert decoder.default_cell() is decoder.FUSED_CELL
+
+
+def test_fused_cell_equals_tf_ops_at_the_small_config_shapes():
+    rng = np.random.default_rng(3)
+    batch, units = 20, 200
+    gates_x = tf.constant(rng.normal(scale=2, size=(batch, 4 * units)), tf.float32)
+    kernel = tf.constant(rng.normal(scale=0.1, size=(units, 4 * units)), tf.float32)
+    h_prev, c_prev, d_h, d_output, d_c = (tf.constant(rng.normal(size=(batch, units)), tf.float32) for _ in "hcdoe")
+    fused, ops = decoder.FUSED_CELL, decoder.TF_OPS_CELL
+    c, h, saved = fused.forward(gates_x, h_prev, c_prev, kernel)
+    want_c, want_h, want_saved = ops.forward(gates_x, h_prev, c_prev, kernel)
+    # Eigen's GEMM sums in another order than oneDNN's, and the op's FMA-built
+    # logistic and tanh round differently from TF's AVX build: a few ulps.
+    np.testing.assert_allclose(c.numpy(), want_c.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-5, atol=1e-6)
+    got = fused.backward(d_h, d_output, d_c, saved, kernel)
+    want = ops.backward(d_h, d_output, d_c, want_saved, kernel)
+    for name, got_part, want_part in zip(("d_gates", "d_c_prev", "d_h_prev"), got, want):
+        np.testing.assert_allclose(got_part.numpy(), want_part.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("units", [1, 5, 8, 9, 17])
+def test_fused_cell_product_covers_every_column(units):
+    # The recurrent product is split over threads in blocks of 8 columns; odd
+    # widths leave a short last block. The gates are zero, so h = o * tanh(c)
+    # with c = f * c_prev + i * j depends on every column of h_prev W_h.
+    rng = np.random.default_rng(4)
+    kernel = tf.constant(rng.normal(size=(units, 4 * units)), tf.float32)
+    h_prev, c_prev, d_h = (tf.constant(rng.normal(size=(3, units)), tf.float32) for _ in "hcd")
+    gates_x = tf.zeros([3, 4 * units])
+    fused, ops = decoder.FUSED_CELL, decoder.TF_OPS_CELL
+    _, h, saved = fused.forward(gates_x, h_prev, c_prev, kernel)
+    _, want_h, want_saved = ops.forward(gates_x, h_prev, c_prev, kernel)
+    np.testing.assert_allclose(h.numpy(), want_h.numpy(), rtol=1e-5, atol=1e-6)
+    d_h_prev = fused.backward(d_h, d_h, d_h, saved, kernel)[2]
+    want_d_h_prev = ops.backward(d_h, d_h, d_h, want_saved, kernel)[2]
+    np.testing.assert_allclose(d_h_prev.numpy(), want_d_h_prev.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_cell_rejects_mismatched_shapes_by_name():
+    library = decoder.FUSED_CELL.library
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"gates_x must be \[2, 12\], got \[2,8\]"):
+        library.lstm_step_forward(tf.zeros([2, 8]), tf.zeros([2, 3]), tf.zeros([2, 3]), tf.zeros([3, 12]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"kernel must be \[3, 12\], got \[4,12\]"):
+        library.lstm_step_forward(tf.zeros([2, 12]), tf.zeros([2, 3]), tf.zeros([2, 3]), tf.zeros([4, 12]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"activations must be \[2, 12\]"):
+        library.lstm_step_backward(*[tf.zeros([2, 3])] * 3, tf.zeros([2, 3]), *[tf.zeros([2, 3])] * 2,
+                                   tf.zeros([3, 12]))

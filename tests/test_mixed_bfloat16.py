@@ -1,0 +1,63 @@
+"""precision=mixed_bfloat16: the summary says whether the CPU has native bf16, the cell runs as TF ops,
+and training stays close to float32."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from runtime import logs
+from texar_lite import decoder
+from texar_lite.decoder import LSTMDecoder
+from texar_lite.hparams import HParams
+from tiny_training import train_tiny
+
+
+@pytest.mark.parametrize("flags, precision, want", [
+    ("fpu avx2 fma", "float32", "float32"),
+    ("fpu avx2 avx512_bf16", "float32",
+     "float32 (this CPU has avx512_bf16: --set precision=mixed_bfloat16 trains faster, "
+     "at up to 1.5% higher perplexity; see BENCHMARKS.md)"),
+    ("fpu avx512_bf16 amx_bf16", "mixed_bfloat16", "mixed_bfloat16"),
+    ("fpu avx2 fma", "mixed_bfloat16", "mixed_bfloat16 (no native bf16 on this CPU: slower than float32 here)"),
+])
+def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, want):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert logs._precision(precision, str(cpuinfo)) == want
+    assert logs.native_bf16_flags(str(tmp_path / "missing")) == []
+
+
+def test_mixed_bfloat16_runs_the_tf_ops_cell():
+    # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
+    dec = LSTMDecoder(input_size=4, vocab_size=7, precision="mixed_bfloat16",
+                      hparams=HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams()))
+    assert dec.cell is decoder.TF_OPS_CELL
+    assert decoder.default_cell("float32") is decoder.FUSED_CELL
+    assert logs._lstm_cell("mixed_bfloat16") == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    with pytest.raises(ValueError, match="the fused LSTM step is float32 only; precision mixed_bfloat16 needs"):
+        LSTMDecoder(input_size=4, vocab_size=7, hparams=HParams({}, decoder.default_hparams()),
+                    precision="mixed_bfloat16", cell=decoder.FUSED_CELL)
+
+
+def test_mixed_bfloat16_trains_close_to_float32():
+    # The loss on random tokens barely moves in 4 steps, so it cannot tell
+    # broken bf16 gradients from good ones: the weight updates w - w0 can.
+    # Per variable, so that one variable's broken gradient is not hidden by
+    # the others: a zeroed gradient gives a relative difference of 1 (and a
+    # cosine of 0 or NaN), a wrong sign a cosine of -1 and a difference of 2,
+    # a gradient half or double its size a difference of 0.5 or 1.
+    fp32_start, bf16_start = [], []
+    fp32, fp32_model = train_tiny("float32", initial=fp32_start)
+    bf16, model = train_tiny("mixed_bfloat16", initial=bf16_start)
+    assert all(var.dtype == tf.float32 for var in model.trainable_variables)
+    np.testing.assert_allclose(bf16, fp32, rtol=1e-2)
+    assert bf16 != fp32  # the bf16 matmuls did run
+    assert len(fp32_start) == len(bf16_start) == len(model.trainable_variables) >= 8
+    for w0, w0_bf16, var, var_fp32 in zip(fp32_start, bf16_start, model.trainable_variables,
+                                          fp32_model.trainable_variables):
+        np.testing.assert_array_equal(w0_bf16, w0)  # the same start
+        want = (var_fp32.numpy() - w0).ravel().astype(np.float64)
+        got = (var.numpy() - w0).ravel().astype(np.float64)
+        assert np.linalg.norm(want) > 0, var.name
+        cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        difference = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert cosine > 0.99 and difference < 0.05, (var.name, cosine, difference)
