@@ -1,4 +1,5 @@
-"""Shared fixtures: the synthetic corpus, the tiny config, and launchers with hard timeouts."""
+"""Shared fixtures: the synthetic corpus, the tiny config, launchers with hard timeouts,
+and readers of what a run leaves (its error lines, its checkpoints)."""
 import os
 import shutil
 import subprocess
@@ -78,3 +79,22 @@ def mpirun(np, args, timeout=300, env=None, extra_mpi=()):
     """lm_ptb_distributed.py under mpirun -np N on localhost."""
     return run_command([*MPIRUN, *extra_mpi, "-np", str(np), PYTHON,
                         os.path.join(ROOT, "lm_ptb_distributed.py"), *args], timeout, env)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error")]
+
+
+def latest_checkpoint(output_dir):
+    import tensorflow as tf
+    return tf.train.latest_checkpoint(os.path.join(str(output_dir), "checkpoints"))
+
+
+def checkpoint_position(path):
+    """(epoch, step) stored in a checkpoint; reading it fails if the checkpoint is damaged."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+    return (int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")),
+            int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))

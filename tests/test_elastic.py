@@ -16,8 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb
-from test_failures import checkpoint_position, latest_checkpoint
+from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, latest_checkpoint, lm_ptb
 from runtime.launch import describe
 from test_network_faults import rank_pid, record
 

@@ -9,7 +9,7 @@ phase, that no process is left on either host, and that the last checkpoint
 is intact. The watchdog's bound here is HANG_TIMEOUT_S (--hang_timeout).
 
 With RELIABILITY_RECORD=FILE.jsonl every case appends its row to FILE, as in
-test_failures.py; RELIABILITY.md's table is such a run.
+the failure tests (tests/failure_helpers.py); RELIABILITY.md's table is such a run.
 """
 import json
 import os
@@ -20,9 +20,9 @@ import time
 import pytest
 
 import synthetic_ptb
-from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
+from conftest import (CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, error_lines,
+                      latest_checkpoint)
 from runtime.launch import describe
-from test_failures import checkpoint_position, error_lines, latest_checkpoint
 
 HANG_TIMEOUT_S = 15
 # The watchdog's timeout, plus the Open MPI daemon's grace, plus the

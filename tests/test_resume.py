@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
-from test_failures import fault_to_exit_seconds, record
+from failure_helpers import fault_to_exit_seconds, record
 
 pytestmark = pytest.mark.timeout(400)
 
