@@ -18,6 +18,7 @@ from runtime.launch import run_bounded  # noqa: E402
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
 AGENT = os.path.join(ROOT, "tests", "rsh_agent.sh")
+HOOKED_ENTRY = os.path.join(ROOT, "tests", "hooked_entry.py")
 # Open MPI refuses root without --allow-run-as-root; --oversubscribe lets
 # -np 3/4 run on 2 cores, and mpi_yield_when_idle stops waiting ranks from
 # spinning, which on a busy 2-core machine starves the rank being waited for.
@@ -71,14 +72,22 @@ def run_command(cmd, timeout, env=None, cwd=ROOT):
     return subprocess.CompletedProcess(cmd, outcome.returncode, outcome.stdout, outcome.stderr)
 
 
-def lm_ptb(args, timeout=300, env=None):
-    return run_command([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args], timeout, env)
+def entry(script, hooks=()):
+    """The command that starts `script` (lm_ptb.py or lm_ptb_distributed.py): the script
+    itself, or with `hooks` (say ["--fault", SPEC]) tests/hooked_entry.py running its main."""
+    if hooks:
+        return [PYTHON, HOOKED_ENTRY, *map(str, hooks), script]
+    return [PYTHON, os.path.join(ROOT, script)]
 
 
-def mpirun(np, args, timeout=300, env=None, extra_mpi=()):
+def lm_ptb(args, timeout=300, env=None, hooks=()):
+    return run_command([*entry("lm_ptb.py", hooks), *args], timeout, env)
+
+
+def mpirun(np, args, timeout=300, env=None, extra_mpi=(), hooks=()):
     """lm_ptb_distributed.py under mpirun -np N on localhost."""
-    return run_command([*MPIRUN, *extra_mpi, "-np", str(np), PYTHON,
-                        os.path.join(ROOT, "lm_ptb_distributed.py"), *args], timeout, env)
+    return run_command([*MPIRUN, *extra_mpi, "-np", str(np), *entry("lm_ptb_distributed.py", hooks), *args],
+                       timeout, env)
 
 
 def error_lines(stderr):
