@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, TINY_CONFIG, ROOT, checkpoint_position, entry, latest_checkpoint, lm_ptb
+from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
 from hooks import losses_by_rank, recorded_steps, taken
 from runtime.launch import describe
 from test_network_faults import rank_pid, record
@@ -111,15 +111,17 @@ def resumed_losses(corpus, tmp_path, source, number, epochs, cluster=None):
 
 
 def survivor_steps(out, epochs, commit, processes):
-    """The records of the process that took the run's last step, of `processes` that
-    recorded: checks that it took every step in order, went back once to global step
-    `commit` (a reset to that commit) having lost at most COMMIT steps, and took
-    every step from there once. Returns its records and the steps taken before the reset."""
+    """The records of the process that took the run's first and last steps, of the
+    `processes` that recorded. Checks that it took every step in order, went back
+    once to global step `commit` (a reset to that commit) having lost at most COMMIT
+    steps, and took every step from there once. Returns its records and the number
+    of steps it took before the reset."""
     runs = list(recorded_steps(os.path.join(str(out), "steps")).values())
-    assert len(runs) == processes, [taken(records)[-1:] for records in runs]
+    ends = [(taken(records)[0], taken(records)[-1]) for records in runs]
+    assert len(runs) == processes, ends
     plan = schedule(epochs)
-    finished = [records for records in runs if taken(records)[-1] == plan[-1]]
-    assert len(finished) == 1, [taken(records)[-1:] for records in runs]
+    finished = [records for records, end in zip(runs, ends) if end == (plan[0], plan[-1])]
+    assert len(finished) == 1, ends
     records = finished[0]
     before = len(records) - (len(plan) - commit)
     assert commit <= before <= commit + COMMIT, (commit, before)
