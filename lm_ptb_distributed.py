@@ -12,7 +12,8 @@ import sys
 from runtime import cli, context
 
 
-def main(argv=None):
+def main(argv=None, callbacks=()):
+    """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
     args = cli.parse_args(argv, distributed=True)
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
@@ -24,7 +25,7 @@ def main(argv=None):
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
     # Horovod: 3-4. The context averages gradients and broadcasts rank 0's weights (runtime/context.py).
     ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
-    return cli.run(args, ctx, intra, inter, device)
+    return cli.run(args, ctx, intra, inter, device, callbacks)
 
 
 if __name__ == "__main__":

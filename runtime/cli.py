@@ -12,7 +12,7 @@ import traceback
 
 import ptb_reader
 from runtime import config as config_lib
-from runtime import context, faults, logs, trainer
+from runtime import context, logs, trainer
 from runtime.checkpointing import CheckpointError
 from runtime.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
 
@@ -61,10 +61,7 @@ def build_parser(distributed):
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
     parser.add_argument("--checkpoint_every", type=int, default=defaults.checkpoint_every, metavar="STEPS",
                         help="also save a checkpoint every STEPS steps inside an epoch (0 = at epoch ends only)")
-    parser.add_argument("--record_step_losses", action="store_true",
-                        help="add every step's global training loss to results.json (for equivalence checks)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
-    parser.add_argument("--fault", default="", help=argparse.SUPPRESS)
     if distributed:
         group = parser.add_argument_group("Horovod")
         group.add_argument("-m", "--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
@@ -169,11 +166,9 @@ def check_output_dir(path, config, vocab_size, keep):
 def _prepare(args, ctx):
     """Loads config and data; raises the user-fixable errors."""
     config = config_lib.load_config(args.config, args.set)
-    faults.parse_fault(args.fault)
     options = trainer.RunOptions(
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        record_step_losses=args.record_step_losses, fault=args.fault,
         checkpoint_every=args.checkpoint_every, commit_every=args.commit_every)
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
@@ -207,8 +202,9 @@ def _exit_code(err):
     return None
 
 
-def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
-    """Runs training for the parsed `args` on `ctx`; returns the exit status."""
+def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=()):
+    """Runs training for the parsed `args` on `ctx`, with `callbacks` in the loop
+    (runtime/callbacks.py); returns the exit status."""
     rank_logging = logs.RankLogging(ctx, args.mpi_log, args.log_path)
     # Only a run whose ranks all reach the end together may close the log
     # collector collectively; after a one-rank failure that would hang.
@@ -234,7 +230,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU"):
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
         logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx), config.precision)
         try:
-            results = trainer.train_and_evaluate(config, data, ctx, options)
+            results = trainer.train_and_evaluate(config, data, ctx, options, callbacks)
         except trainer.TrainingInterrupted as err:
             # Every rank saw the same stop flag: they leave together.
             _error_line(f"{'error: ' if ctx.is_chief else ''}{err}")

@@ -1,4 +1,4 @@
-"""The one training loop: train_and_evaluate(config, data, ctx, options).
+"""The one training loop: train_and_evaluate(config, data, ctx, options, callbacks).
 
 lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
 (runtime/context.py), which is where every rank-dependent decision lives.
@@ -23,7 +23,6 @@ from runtime.checkpointing import CheckpointError, TrainCheckpoint, global_lstm_
 from runtime.config import ConfigError
 from runtime.context import weights_digest
 from texar_lite.dropout import RowDropout
-from runtime.faults import FaultInjector
 from texar_lite.losses import loss_name, sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 
@@ -51,10 +50,8 @@ class RunOptions:
     resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
     max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
     keep_checkpoints: int = 3
-    record_step_losses: bool = False  # adds results["step_losses"] (one float per step)
     checkpoint_every: int = 0         # also save a checkpoint every N steps inside an epoch (0 = at epoch ends only)
     commit_every: int = 20            # elastic runs: commit the state every N steps (runtime/elastic.py)
-    fault: str = ""                   # fault injection for tests, see runtime/faults.py
     device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)
 
 
@@ -218,10 +215,11 @@ def rows_of(global_state, rank, rows):
     return tf.constant(global_state[:, :, rank * rows:(rank + 1) * rows])
 
 
-def train_and_evaluate(config, data, ctx, options=None):
+def train_and_evaluate(config, data, ctx, options=None, callbacks=()):
     """Trains config on data (a ptb_reader.PTBData) and returns the results dict.
 
     Rank 0 also writes output_dir/metrics.jsonl, results.json and checkpoints.
+    `callbacks` (runtime/callbacks.py) run inside the loop, on every rank.
     """
     opts = options or RunOptions()
     plan = check_plan(config, data, ctx.size, opts.eval_mode)
@@ -232,7 +230,7 @@ def train_and_evaluate(config, data, ctx, options=None):
     optimizer.build(model.trainable_variables)
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,
                                  seed=opts.seed)
-    loop = TrainingLoop(config, data, ctx, opts, model, optimizer, checkpoint)
+    loop = TrainingLoop(config, data, ctx, opts, model, optimizer, checkpoint, callbacks)
     start = checkpoint.initial_position(opts.resume, plan.global_batch)
     results = ctx.train(loop.run, list(model.variables) + list(optimizer.variables), start)
     if ctx.is_chief:
@@ -247,12 +245,12 @@ class TrainingLoop:
     the world, from the last commit, on whatever ranks there are then.
     """
 
-    def __init__(self, config, data, ctx, opts, model, optimizer, checkpoint):
+    def __init__(self, config, data, ctx, opts, model, optimizer, checkpoint, callbacks=()):
         self.config, self.data, self.ctx, self.opts = config, data, ctx, opts
         self.model, self.optimizer, self.checkpoint = model, optimizer, checkpoint
+        self.callbacks = list(callbacks)
         self.init_digest = weights_digest(model.trainable_variables)
         self.eval_step = make_eval_step(model)
-        self.faults = FaultInjector(opts.fault, ctx.rank)
         self.board = None
         self.evaluated = False  # the first evaluation traces its step
         self.valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
@@ -273,8 +271,6 @@ class TrainingLoop:
         digests = ctx.allgather_object(
             {"before_broadcast": self.init_digest, "after_broadcast": weights_digest(self.model.trainable_variables)},
             name="init_digests")
-        if self.opts.record_step_losses:
-            position.setdefault("step_losses", [])
         log.info("global batch %d (%d rows x %d ranks, batch_mode=%s), num_steps %d, %d steps per epoch",
                  plan.global_batch, plan.rows_per_rank, ctx.size, config["batch_mode"], config["num_steps"],
                  self.epoch_size(plan.global_batch))
@@ -287,6 +283,8 @@ class TrainingLoop:
             if self.board is None:
                 self.board = _TensorBoard(os.path.join(self.opts.output_dir, "tensorboard"))
         train_step = make_train_step(self.model, self.optimizer, config, ctx, plan, self.opts.seed)
+        for callback in self.callbacks:
+            callback.begin(ctx.rank, ctx.size, position["epoch"], position["step"])
         with _Signals() as signals:
             for epoch in range(position["epoch"], config["num_epochs"]):
                 position = self._train_epoch(epoch, position, plan, train_step, signals, commit)
@@ -314,13 +312,10 @@ class TrainingLoop:
             raise OSError(err.errno, f"cannot write {path} ({err.strerror}); it and the last checkpoint are "
                                      "intact: free some space and resume with --resume") from None
 
-    def _snapshot(self, position, epoch, step, state, costs, seconds, step_losses):
+    def _snapshot(self, position, epoch, step, state, costs, seconds):
         """The position after `step` steps of `epoch` (a collective: it gathers the LSTM state)."""
-        snapshot = dict(position, epoch=epoch, step=step, state=global_lstm_state(self.ctx, state),
-                        costs=costs, elapsed=seconds)
-        if step_losses is not None:
-            snapshot["step_losses"] = list(step_losses)
-        return snapshot
+        return dict(position, epoch=epoch, step=step, state=global_lstm_state(self.ctx, state),
+                    costs=costs, elapsed=seconds)
 
     def _train_epoch(self, epoch, position, plan, train_step, signals, commit):
         ctx, config, opts = self.ctx, self.config, self.opts
@@ -335,7 +330,6 @@ class TrainingLoop:
             else self.model.zero_state(plan.rows_per_rank)
         costs = position["costs"] if start_step else 0.0
         elapsed = position["elapsed"] if start_step else 0.0
-        step_losses = position.get("step_losses")
         bar = logs.StepProgress(enabled=ctx.is_chief)
         tick = time.perf_counter()
         log_every = max(1, epoch_size // 10)
@@ -347,7 +341,8 @@ class TrainingLoop:
                 break
             if step < start_step:
                 continue
-            self.faults.maybe_fire(epoch, step)
+            for callback in self.callbacks:
+                callback.before_step(epoch, step)
             # Just before the step's collectives: a rank stuck in anything
             # before them falls behind the others it keeps waiting.
             ctx.watch("training step", f"epoch {epoch + 1}, step {step + 1}", slow=step == start_step)
@@ -362,12 +357,12 @@ class TrainingLoop:
                     "lower opt.optimizer.kwargs.learning_rate or check the data")
             costs += loss
             bar.update(epoch + 1, step + 1, epoch_size, math.exp(costs / (step + 1) / num_steps))
-            if step_losses is not None:
-                step_losses.append(loss)
+            for callback in self.callbacks:
+                callback.after_step(epoch, step, loss)
             done = step + 1
             if bool(stop):
                 seconds = elapsed + time.perf_counter() - tick
-                path = self.checkpoint.save(self._snapshot(position, epoch, done, state, costs, seconds, None))
+                path = self.checkpoint.save(self._snapshot(position, epoch, done, state, costs, seconds))
                 raise TrainingInterrupted(
                     f"stopped by signal at epoch {epoch + 1} step {done}; checkpoint {path}. "
                     f"Resume with --resume --output_dir {opts.output_dir}",
@@ -378,16 +373,15 @@ class TrainingLoop:
                          math.exp(costs / done / num_steps),
                          (done - start_step) * plan.global_batch * num_steps / (time.perf_counter() - tick))
             if done < epoch_size and any(done % n == 0 for n in every):
-                snapshot = self._snapshot(position, epoch, done, state, costs,
-                                          elapsed + time.perf_counter() - tick, step_losses)
+                snapshot = self._snapshot(position, epoch, done, state, costs, elapsed + time.perf_counter() - tick)
                 if opts.checkpoint_every and done % opts.checkpoint_every == 0:
                     self.checkpoint.save(snapshot)
                 if commit and done % opts.commit_every == 0:
                     commit(snapshot)
         seconds = elapsed + time.perf_counter() - tick
-        return self._end_epoch(epoch, position, plan, costs / epoch_size, seconds, lr, step_losses, commit)
+        return self._end_epoch(epoch, position, plan, costs / epoch_size, seconds, lr, commit)
 
-    def _end_epoch(self, epoch, position, plan, cost, seconds, lr, step_losses, commit):
+    def _end_epoch(self, epoch, position, plan, cost, seconds, lr, commit):
         ctx, config = self.ctx, self.config
         epoch_size = self.epoch_size(plan.global_batch)
         train_ppl = math.exp(cost / config["num_steps"])
@@ -406,8 +400,6 @@ class TrainingLoop:
         best = valid_ppl < position["best_valid"]
         position = dict(position, epoch=epoch + 1, step=0, state=None, costs=0.0, elapsed=0.0, metrics=metrics,
                         best_valid=min(valid_ppl, position["best_valid"]))
-        if step_losses is not None:
-            position["step_losses"] = list(step_losses)
         self.checkpoint.save(position, best=best)
         if commit:
             commit(position)
@@ -446,6 +438,4 @@ class TrainingLoop:
             "eval_tokens_per_rank": ctx.allgather_object(self.valid_counts.get("tokens"), name="eval_tokens"),
             "hparams": {k: v for k, v in config.todict().items() if k != "name"},
         }
-        if "step_losses" in position:
-            results["step_losses"] = position["step_losses"]
         return results

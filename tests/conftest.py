@@ -1,4 +1,5 @@
-"""Shared fixtures: the synthetic corpus, the tiny config, and launchers with hard timeouts."""
+"""Shared fixtures: the synthetic corpus, the tiny config, launchers with hard timeouts,
+and readers of what a run leaves (its error lines, its checkpoints)."""
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from runtime.launch import run_bounded  # noqa: E402
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
 AGENT = os.path.join(ROOT, "tests", "rsh_agent.sh")
+HOOKED_ENTRY = os.path.join(ROOT, "tests", "hooked_entry.py")
 # Open MPI refuses root without --allow-run-as-root; --oversubscribe lets
 # -np 3/4 run on 2 cores, and mpi_yield_when_idle stops waiting ranks from
 # spinning, which on a busy 2-core machine starves the rank being waited for.
@@ -70,11 +72,38 @@ def run_command(cmd, timeout, env=None, cwd=ROOT):
     return subprocess.CompletedProcess(cmd, outcome.returncode, outcome.stdout, outcome.stderr)
 
 
-def lm_ptb(args, timeout=300, env=None):
-    return run_command([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args], timeout, env)
+def entry(script, hooks=()):
+    """The command that starts `script` (lm_ptb.py or lm_ptb_distributed.py): the script
+    itself, or with `hooks` (say ["--fault", SPEC]) tests/hooked_entry.py running its main."""
+    if hooks:
+        return [PYTHON, HOOKED_ENTRY, *map(str, hooks), script]
+    return [PYTHON, os.path.join(ROOT, script)]
 
 
-def mpirun(np, args, timeout=300, env=None, extra_mpi=()):
+def lm_ptb(args, timeout=300, env=None, hooks=()):
+    return run_command([*entry("lm_ptb.py", hooks), *args], timeout, env)
+
+
+def mpirun(np, args, timeout=300, env=None, extra_mpi=(), hooks=()):
     """lm_ptb_distributed.py under mpirun -np N on localhost."""
-    return run_command([*MPIRUN, *extra_mpi, "-np", str(np), PYTHON,
-                        os.path.join(ROOT, "lm_ptb_distributed.py"), *args], timeout, env)
+    return run_command([*MPIRUN, *extra_mpi, "-np", str(np), *entry("lm_ptb_distributed.py", hooks), *args],
+                       timeout, env)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error")]
+
+
+def latest_checkpoint(output_dir):
+    import tensorflow as tf
+    return tf.train.latest_checkpoint(os.path.join(str(output_dir), "checkpoints"))
+
+
+def checkpoint_position(path):
+    """(epoch, step) stored in a checkpoint; reading it fails if the checkpoint is damaged."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+    return (int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")),
+            int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))

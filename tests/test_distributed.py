@@ -1,7 +1,8 @@
 """Horovod data parallelism: same results as one process, every launcher, clear errors, no hangs.
 
 Every run here goes through conftest.run_command, which kills the whole
-process group after a hard timeout, so a hang fails the test.
+process group after a hard timeout, so a hang fails the test. The runs whose
+step losses are compared start through tests/hooked_entry.py, which records them.
 """
 import json
 import os
@@ -12,7 +13,8 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime.config import load_config
-from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, lm_ptb, mpirun, run_command
+from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, entry, lm_ptb, mpirun, run_command
+from hooks import losses_by_rank
 
 pytestmark = pytest.mark.timeout(400)
 STEPS = 40
@@ -20,7 +22,20 @@ STEPS = 40
 
 def _args(data, out, *extra):
     return ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(out),
-            "--set", "num_epochs=1", "--max_steps_per_epoch", str(STEPS), "--record_step_losses", *extra]
+            "--set", "num_epochs=1", "--max_steps_per_epoch", str(STEPS), *extra]
+
+
+def _recorded(out):
+    """tests/hooked_entry.py's flags that record each step's loss under `out`."""
+    return ["--record_steps", os.path.join(out, "steps")]
+
+
+def _step_losses(out, ranks):
+    """The global loss of each step: recorded by every one of `ranks`, all alike."""
+    by_rank = losses_by_rank(os.path.join(out, "steps"), [(0, step) for step in range(STEPS)])
+    assert len(by_rank) == ranks
+    assert all(losses == by_rank[0] for losses in by_rank.values()), by_rank
+    return by_rank[0]
 
 
 def _results(out):
@@ -48,8 +63,7 @@ def _valid_tokens(data):
 def _assert_same_training(single_out, multi_out):
     single, multi = _results(single_out), _results(multi_out)
     assert single["world_size"] == 1 and multi["world_size"] == 2
-    assert len(single["step_losses"]) == len(multi["step_losses"]) == STEPS
-    np.testing.assert_allclose(multi["step_losses"], single["step_losses"], rtol=1e-5)
+    np.testing.assert_allclose(_step_losses(multi_out, 2), _step_losses(single_out, 1), rtol=1e-5)
     w1, w2 = _weights(single_out), _weights(multi_out)
     assert w1.keys() == w2.keys()
     for name in w1:
@@ -63,14 +77,14 @@ def _assert_same_training(single_out, multi_out):
 def single_run(tmp_path_factory, synthetic_corpus):
     data, _ = synthetic_corpus
     out = tmp_path_factory.mktemp("single")
-    result = lm_ptb(_args(data, out), timeout=300)
+    result = lm_ptb(_args(data, out), timeout=300, hooks=_recorded(out))
     assert result.returncode == 0, result.stderr
     return out
 
 
 def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
-    result = mpirun(2, _args(data, tmp_path))
+    result = mpirun(2, _args(data, tmp_path), hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
     multi = _assert_same_training(single_run, tmp_path)
     assert multi["world_size"] == 2 and multi["global_batch_size"] == 20
@@ -91,8 +105,8 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
 def test_horovodrun_gloo_matches_one_process(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
     horovodrun = os.path.join(os.path.dirname(PYTHON), "horovodrun")
-    result = run_command([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", PYTHON,
-                          os.path.join(ROOT, "lm_ptb_distributed.py"), *_args(data, tmp_path)], timeout=300)
+    result = run_command([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2",
+                          *entry("lm_ptb_distributed.py", _recorded(tmp_path)), *_args(data, tmp_path)], timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
     _assert_same_training(single_run, tmp_path)
 
@@ -101,7 +115,8 @@ def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_ru
     # 127.0.0.2 and 127.0.0.3 are two "hosts": separate nodes, local_rank 0 on each.
     data, _ = synthetic_corpus
     result = mpirun(2, [*_args(data, tmp_path), "--mpi-log", "workers"],
-                    extra_mpi=["-H", "127.0.0.2:1,127.0.0.3:1", "--mca", "plm_rsh_agent", AGENT])
+                    extra_mpi=["-H", "127.0.0.2:1,127.0.0.3:1", "--mca", "plm_rsh_agent", AGENT],
+                    hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
     _assert_same_training(single_run, tmp_path)
     lines = result.stdout.splitlines()
@@ -112,7 +127,7 @@ def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_ru
 
 def test_distributed_evaluation_equals_rank_zero_alone(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed"])
+    result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed"], hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
     multi = _assert_same_training(single_run, tmp_path)
     # Summed in another order than rank 0 alone: equal to float64 rounding.
@@ -266,7 +281,7 @@ def test_gloo_under_mpirun_is_refused_with_its_cause(tmp_path, synthetic_corpus)
 
 def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"])
+    result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"], hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
     # The flag reached the context that builds hvd.DistributedGradientTape.
     assert _assert_same_training(single_run, tmp_path)["sparse_as_dense"] is True
@@ -274,9 +289,9 @@ def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, sin
 
 def test_fp16_allreduce_stays_close(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--fp16_allreduce"])
+    result = mpirun(2, [*_args(data, tmp_path), "--fp16_allreduce"], hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
-    fp16, fp32 = _results(tmp_path)["step_losses"], _results(single_run)["step_losses"]
+    fp16, fp32 = _step_losses(tmp_path, 2), _step_losses(single_run, 1)
     np.testing.assert_allclose(fp16, fp32, rtol=1e-2)
     assert fp16 != fp32  # the gradients really went through float16
 

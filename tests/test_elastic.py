@@ -5,7 +5,9 @@ and host2, its discovery script listing the hosts of a file. The rank on
 host2 is killed mid-epoch: the job goes on from its last commit. Each commit
 is also written as a checkpoint (--checkpoint_every = --commit_every), so a
 plain run resumed from that checkpoint must take the same steps: their
-per-step losses are compared.
+per-step losses are compared. The runs that record them start through
+tests/hooked_entry.py, each process writing every step it takes, the ones
+taken again after a reset included.
 """
 import json
 import os
@@ -16,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, lm_ptb
-from test_failures import checkpoint_position, latest_checkpoint
+from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
+from hooks import losses_by_rank, recorded_steps, taken
 from runtime.launch import describe
 from test_network_faults import rank_pid, record
 
@@ -33,17 +35,22 @@ pytestmark = pytest.mark.timeout(420)
 def train_args(corpus, out, epochs, elastic=False):
     return ["--config", TINY_CONFIG, "--data_path", corpus, "--output_dir", str(out),
             "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}", "--keep_checkpoints", "100",
-            "--checkpoint_every", str(COMMIT), "--record_step_losses",
+            "--checkpoint_every", str(COMMIT),
             *(["--commit_every", str(COMMIT), "--hang_timeout", "15"] if elastic else [])]
 
 
-def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=()):
+def recorded(out):
+    """tests/hooked_entry.py's flags that record every step each process takes, under `out`."""
+    return ["--record_steps", os.path.join(str(out), "steps")]
+
+
+def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hooks=()):
     hosts_file = os.path.join(cluster.workdir, "hosts.txt")
     with open(hosts_file, "w") as f:
         f.write("host1:1\nhost2:1\n")
     cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
-           PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), *train_args(corpus, out, epochs, elastic=True), *extra]
+           *entry("lm_ptb_distributed.py", hooks), *train_args(corpus, out, epochs, elastic=True), *extra]
     return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
 
 
@@ -77,28 +84,55 @@ def global_step(epoch, step):
     return (epoch - 1) * STEPS + step
 
 
+def schedule(epochs):
+    """Every (epoch, step) of a run, 0-based, in order: index i is global step i."""
+    return [(epoch, step) for epoch in range(epochs) for step in range(STEPS)]
+
+
 def resumed_losses(corpus, tmp_path, source, number, epochs, cluster=None):
     """Step losses of a plain run resumed from source's checkpoint ckpt-<number>:
-    one process, or with `cluster` 2 ranks across its hosts (horovodrun --gloo)."""
+    one process, or with `cluster` 2 ranks across its hosts (horovodrun --gloo),
+    every rank taking each step from global step `number` on once, with the same loss."""
     out = tmp_path / ("two_ranks" if cluster else "one_process")
     args = [*train_args(corpus, out, epochs), "--resume", os.path.join(str(source), "checkpoints", f"ckpt-{number}")]
     if cluster is None:
-        proc = lm_ptb(args, timeout=300)
+        proc = lm_ptb(args, timeout=300, hooks=recorded(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
     else:
         launch = cluster.start("host1", [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2",
-                                         "-H", "host1:1,host2:1", PYTHON,
-                                         os.path.join(ROOT, "lm_ptb_distributed.py"), *args],
+                                         "-H", "host1:1,host2:1", *entry("lm_ptb_distributed.py", recorded(out)),
+                                         *args],
                                env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
         outcome = finish(cluster, launch, 300)
         assert outcome.returncode == 0, outcome.stderr[-3000:]
-    return json.loads((out / "results.json").read_text())["step_losses"]
+    by_rank = losses_by_rank(os.path.join(str(out), "steps"), schedule(epochs)[number:])
+    assert len(by_rank) == (2 if cluster else 1) and all(losses == by_rank[0] for losses in by_rank.values())
+    return by_rank[0]
+
+
+def survivor_steps(out, epochs, commit, processes):
+    """The records of the process that took the run's first and last steps, of the
+    `processes` that recorded. Checks that it took every step in order, went back
+    once to global step `commit` (a reset to that commit) having lost at most COMMIT
+    steps, and took every step from there once. Returns its records and the number
+    of steps it took before the reset."""
+    runs = list(recorded_steps(os.path.join(str(out), "steps")).values())
+    ends = [(taken(records)[0], taken(records)[-1]) for records in runs]
+    assert len(runs) == processes, ends
+    plan = schedule(epochs)
+    finished = [records for records, end in zip(runs, ends) if end == (plan[0], plan[-1])]
+    assert len(finished) == 1, ends
+    records = finished[0]
+    before = len(records) - (len(plan) - commit)
+    assert commit <= before <= commit + COMMIT, (commit, before)
+    assert taken(records) == plan[:before] + plan[commit:]
+    return records, before
 
 
 def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_run(
         cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=recorded(out))
     wait_for(launch, r"0\.100 perplexity")
     os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
     lost = time.monotonic()
@@ -115,10 +149,13 @@ def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_r
     assert recovered < 60
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 1 and results["epochs"] == 2
-    losses = results["step_losses"]
-    assert len(losses) == 2 * STEPS  # every step once: the rolled-back ones are not counted twice
+    # The survivor and the killed rank recorded; the survivor went back to the commit once.
+    records, before = survivor_steps(out, 2, step2, processes=2)
+    losses = [r["loss"] for r in records]
+    # The steps taken again alone give the losses that 2 ranks had, from the same commit.
+    np.testing.assert_allclose(losses[before:before + before - step2], losses[step2:before], rtol=1e-5)
     reference = resumed_losses(synthetic_corpus[0], tmp_path, out, step2, 2)
-    np.testing.assert_allclose(losses[step2:], reference, rtol=1e-5)
+    np.testing.assert_allclose(losses[before:], reference, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", ["cut", "hang"])
@@ -128,8 +165,8 @@ def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
     a rank stuck in a read leaves by itself. Either way Horovod sees a worker
     exit, and re-forms the world without it instead of waiting for ever."""
     out = tmp_path / "elastic"
-    extra = ("--fault", "rank=1,epoch=0,step=40,mode=hang") if case == "hang" else ()
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, extra=extra)
+    hooks = ("--fault", "rank=1,epoch=0,step=40,mode=hang") if case == "hang" else ()
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=hooks)
     wait_for(launch, r"0\.200 perplexity" if case == "hang" else r"0\.100 perplexity")
     if case == "cut":
         cluster.cut("host2")
@@ -150,7 +187,8 @@ def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
 
 def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 3, "--blacklist-cooldown-range", "2", "3")
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 3, "--blacklist-cooldown-range", "2", "3",
+                           hooks=recorded(out))
     wait_for(launch, r"0\.100 perplexity")
     os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
     wait_for(launch, WORLD.pattern, count=3)
@@ -166,12 +204,21 @@ def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, syn
     assert results["world_size"] == 2 and results["epochs"] == 3
     # The joining worker started from its own random weights: the state's sync broadcast rank 0's.
     assert len(set(results["weights_digest_per_rank"])) == 1
-    losses = results["step_losses"]
-    assert len(losses) == 3 * STEPS
+    # The first rank on host2, the survivor and the one that joined recorded. The
+    # survivor went back to the commit where it went on alone, and no further when
+    # host2 joined at the commit that ended that attempt.
+    records, before = survivor_steps(out, 3, shrunk, processes=3)
+    taken_again = [r["loss"] for r in records[before:before + before - shrunk]]
+    np.testing.assert_allclose(taken_again, [r["loss"] for r in records[shrunk:before]], rtol=1e-5)
+    losses = [r["loss"] for r in records[before:]]  # each step from `shrunk` on, as last taken
+    joined = [r for r in recorded_steps(os.path.join(str(out), "steps")).values()
+              if taken(r)[0] == schedule(3)[grown]]
+    assert len(joined) == 1 and taken(joined[0]) == schedule(3)[grown:], [taken(r)[:1] for r in joined]
+    assert [r["loss"] for r in joined[0]] == losses[grown - shrunk:]  # the global loss, alike on both ranks
     one = resumed_losses(synthetic_corpus[0], tmp_path, out, shrunk, 3)
-    np.testing.assert_allclose(losses[shrunk:grown], one[:grown - shrunk], rtol=1e-5)
+    np.testing.assert_allclose(losses[:grown - shrunk], one[:grown - shrunk], rtol=1e-5)
     two = resumed_losses(synthetic_corpus[0], tmp_path, out, grown, 3, cluster)
-    np.testing.assert_allclose(losses[grown:], two, rtol=1e-5)
+    np.testing.assert_allclose(losses[grown - shrunk:], two, rtol=1e-5)
 
 
 def test_losing_every_host_ends_the_job_and_keeps_the_last_checkpoint(cluster, synthetic_corpus, tmp_path):

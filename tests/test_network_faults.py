@@ -9,7 +9,7 @@ phase, that no process is left on either host, and that the last checkpoint
 is intact. The watchdog's bound here is HANG_TIMEOUT_S (--hang_timeout).
 
 With RELIABILITY_RECORD=FILE.jsonl every case appends its row to FILE, as in
-test_failures.py; RELIABILITY.md's table is such a run.
+the failure tests (tests/failure_helpers.py); RELIABILITY.md's table is such a run.
 """
 import json
 import os
@@ -20,9 +20,9 @@ import time
 import pytest
 
 import synthetic_ptb
-from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
+from conftest import (CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
+                      latest_checkpoint)
 from runtime.launch import describe
-from test_failures import checkpoint_position, error_lines, latest_checkpoint
 
 HANG_TIMEOUT_S = 15
 # The watchdog's timeout, plus the Open MPI daemon's grace, plus the
@@ -58,22 +58,24 @@ def longer_valid_corpus(tmp_path_factory):
     return corpus_with_valid_of(tmp_path_factory, 4)
 
 
-def train_args(corpus, output_dir, *extra, epochs=3):
-    return [PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"), "--config", TINY_CONFIG, "--data_path", corpus,
+def train_args(corpus, output_dir, *extra, epochs=3, hooks=()):
+    """The rank's command: lm_ptb_distributed.py, or with `hooks` tests/hooked_entry.py running it."""
+    return [*entry("lm_ptb_distributed.py", hooks), "--config", TINY_CONFIG, "--data_path", corpus,
             "--output_dir", str(output_dir), "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}",
             "--hang_timeout", str(HANG_TIMEOUT_S), *extra]
 
 
 def rank_pid(hosts, host):
-    """The rank on `host`: a Python running lm_ptb_distributed.py (not the shells and
-    daemons around it, nor a horovodrun whose command line names the script too)."""
+    """The rank on `host`: a Python running lm_ptb_distributed.py or tests/hooked_entry.py
+    (not the shells and daemons around it, nor a horovodrun whose command line names
+    the script too)."""
     for pid in hosts.pids(host):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
         except OSError:
             continue
-        if len(words) > 1 and words[1].endswith(b"lm_ptb_distributed.py"):
+        if len(words) > 1 and words[1].endswith((b"lm_ptb_distributed.py", b"hooked_entry.py")):
             return pid
     raise AssertionError(f"no rank on {host}")
 
@@ -213,7 +215,8 @@ def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_co
 def test_a_rank_stuck_in_a_read_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
     outcome, seconds, left = strike(cluster, launcher,
-                                    train_args(synthetic_corpus[0], out, "--fault", "rank=1,epoch=1,step=20,mode=hang"),
+                                    train_args(synthetic_corpus[0], out,
+                                               hooks=["--fault", "rank=1,epoch=1,step=20,mode=hang"]),
                                     r"fault injection: rank 1 hang", lambda h: None, "hung read")
     check("rank 1 blocked in a read", name, outcome, seconds, left, out,
           "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)", code=code)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
-from test_failures import fault_to_exit_seconds, record
+from failure_helpers import fault_to_exit_seconds, record
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -92,7 +92,7 @@ def straight(tmp_path_factory, synthetic_corpus):
 def interrupted_mid_epoch(tmp_path_factory, synthetic_corpus):
     """A single-process run that SIGTERM stopped after step 5 of epoch 2."""
     out = tmp_path_factory.mktemp("interrupted")
-    proc = lm_ptb(args(synthetic_corpus[0], out, 2, "--fault", "rank=0,epoch=1,step=4,mode=term"), timeout=200)
+    proc = lm_ptb(args(synthetic_corpus[0], out, 2), timeout=200, hooks=["--fault", "rank=0,epoch=1,step=4,mode=term"])
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert stop_position(proc) == (2, 5)
     assert f"Resume with --resume --output_dir {out}" in proc.stderr
@@ -116,11 +116,11 @@ def test_resume_mid_epoch_after_sigterm_is_exact(tmp_path, synthetic_corpus, str
 def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, synthetic_corpus, straight):
     """SIGTERM to rank 1 alone: both ranks stop at the same step, rank 0 saves, 1 process finishes."""
     out = tmp_path / "out"
-    run_args = args(synthetic_corpus[0], out, 2, "--fault", "rank=1,epoch=1,step=4,mode=term")
-    proc = mpirun(2, run_args, timeout=300)
+    run_args, hooks = args(synthetic_corpus[0], out, 2), ["--fault", "rank=1,epoch=1,step=4,mode=term"]
+    proc = mpirun(2, run_args, timeout=300, hooks=hooks)
     record("SIGTERM to rank 1 alone mid-epoch (mpirun -np 2)",
-           ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *run_args], proc,
-           fault_to_exit_seconds(proc, time.time()))
+           ["mpirun", "-np", "2", "python", "tests/hooked_entry.py", *hooks, "lm_ptb_distributed.py", *run_args],
+           proc, fault_to_exit_seconds(proc, time.time()))
     assert proc.returncode == 143, proc.stderr[-3000:]
     stops = [line for line in proc.stderr.splitlines() if "stopped by signal" in line]
     # One whole line per rank, rank 0's marked as the error.

@@ -1,0 +1,123 @@
+"""The tests' step callbacks (runtime/callbacks.py), and the reading of what they record.
+
+Fault injection, in the spirit of Horovod's elastic tests: the spec
+"rank=1,epoch=1,step=5,mode=kill" makes rank 1 fail at the start of step 5
+of epoch 1 (both 0-based). Modes: exception (raises), kill (SIGKILL to
+itself), term (SIGTERM to itself, the graceful path), hang (blocks for ever
+in a read that nothing answers, alive but stuck).
+
+Step recording: every process appends one JSON line per step it takes,
+{"epoch", "step", "loss", "rank"}, to DIR/steps.<pid>.jsonl, written whole
+at once, so a process killed mid-run leaves every step it took. After an
+elastic reset the steps from the commit on appear again, in the order taken.
+
+tests/hooked_entry.py installs them from its --fault and --record_steps.
+"""
+import glob
+import json
+import os
+import signal
+import sys
+import time
+
+from runtime.callbacks import StepCallback
+
+MODES = ("exception", "kill", "term", "hang")
+
+
+class FaultInjectedError(RuntimeError):
+    pass
+
+
+def parse_fault(spec):
+    """{"rank", "epoch", "step", "mode"} of "rank=R,epoch=E,step=S,mode=MODE"; raises ValueError."""
+    fields = {}
+    for part in spec.split(","):
+        key, _, value = part.partition("=")
+        fields[key.strip()] = value.strip()
+    try:
+        fault = {"rank": int(fields.pop("rank", 0)), "epoch": int(fields.pop("epoch", 0)),
+                 "step": int(fields.pop("step", 0)), "mode": fields.pop("mode", "exception")}
+    except ValueError:
+        raise ValueError(f"--fault {spec!r}: rank, epoch and step must be integers") from None
+    if fields or fault["mode"] not in MODES:
+        raise ValueError(f"--fault {spec!r}: use rank=R,epoch=E,step=S,mode={'|'.join(MODES)}")
+    return fault
+
+
+class Fault(StepCallback):
+    """Fails as `mode` says once, on `rank`, just before step `step` of `epoch`."""
+
+    def __init__(self, rank, epoch, step, mode):
+        self.rank, self.epoch, self.step, self.mode = rank, epoch, step, mode
+        self.armed = False
+        self.fired = False
+
+    def begin(self, rank, size, epoch, step):
+        # The rank of this attempt: an elastic reset may renumber the ranks.
+        self.armed = rank == self.rank
+
+    def before_step(self, epoch, step):
+        if not self.armed or self.fired or (epoch, step) != (self.epoch, self.step):
+            return
+        self.fired = True
+        # The failure tests time the job's exit from this line, written whole
+        # so that no other rank's output splits it.
+        sys.stderr.write(f"fault injection: rank {self.rank} {self.mode} at epoch {epoch} step {step} "
+                         f"(unix time {time.time():.3f})\n")
+        sys.stderr.flush()
+        if self.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self.mode == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.mode == "hang":
+            read_end, _ = os.pipe()
+            os.read(read_end, 1)
+        else:
+            raise FaultInjectedError(f"injected fault at epoch {epoch} step {step} on rank {self.rank}")
+
+
+class StepRecorder(StepCallback):
+    """Appends each step taken to `directory`/steps.<pid>.jsonl."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, f"steps.{os.getpid()}.jsonl")
+        self.rank = None
+
+    def begin(self, rank, size, epoch, step):
+        self.rank = rank
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+
+    def after_step(self, epoch, step, loss):
+        line = json.dumps({"epoch": epoch, "step": step, "loss": loss, "rank": self.rank}) + "\n"
+        # Opened for each line: the line is on disk before the next step, whatever ends the process.
+        with open(self.path, "a") as f:
+            f.write(line)
+
+
+def recorded_steps(directory):
+    """{pid: [record, ...]}: each recording process's steps in the order it took them."""
+    runs = {}
+    for path in glob.glob(os.path.join(str(directory), "steps.*.jsonl")):
+        pid = int(os.path.basename(path).split(".")[1])
+        with open(path) as f:
+            runs[pid] = [json.loads(line) for line in f]
+    return runs
+
+
+def taken(records):
+    """The (epoch, step) of each record."""
+    return [(r["epoch"], r["step"]) for r in records]
+
+
+def losses_by_rank(directory, steps):
+    """{rank: [loss, ...]} of a run without resets, checking that each rank was one
+    process that took exactly `steps` [(epoch, step), ...] in that order."""
+    by_rank = {}
+    for pid, records in recorded_steps(directory).items():
+        assert taken(records) == steps, (pid, taken(records)[:3], len(records), steps[:3], len(steps))
+        ranks = {r["rank"] for r in records}
+        assert len(ranks) == 1 and not ranks & by_rank.keys(), (pid, ranks, sorted(by_rank))
+        by_rank[ranks.pop()] = [r["loss"] for r in records]
+    assert sorted(by_rank) == list(range(len(by_rank))), sorted(by_rank)
+    return by_rank

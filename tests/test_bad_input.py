@@ -1,0 +1,100 @@
+"""Bad input ends the job before training, non-zero, with one line that says why,
+the same on every rank.
+
+With RELIABILITY_RECORD=FILE.jsonl every case appends its row to FILE (tests/failure_helpers.py).
+"""
+import shutil
+
+import pytest
+
+from conftest import TINY_CONFIG, lm_ptb, mpirun
+from failure_helpers import assert_one_clean_error, record, timed
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory, synthetic_corpus):
+    """Broken copies of the synthetic corpus and broken configs."""
+    root = tmp_path_factory.mktemp("bad")
+    corpus = synthetic_corpus[0]
+
+    def corpus_copy(name):
+        path = root / name
+        shutil.copytree(corpus, path)
+        return path
+
+    (corpus_copy("no_valid") / "ptb.valid.txt").unlink()
+    (corpus_copy("empty_valid") / "ptb.valid.txt").write_text("")
+    with open(corpus_copy("not_utf8") / "ptb.train.txt", "ab") as f:
+        f.write(b"w001 \xff\xfe w002\n")
+    (root / "syntax_error.py").write_text("init_scale = (0.1\n")
+    (root / "missing_keys.py").write_text("def default_hparams():\n    return {'init_scale': 0.1}\n")
+    (root / "a_file").write_text("not a folder\n")
+    return root
+
+
+BAD_INPUTS = {
+    # case: (args given the bad fixture and the corpus, exit status, phrases of the message)
+    "unknown --config": (lambda b, c: ["--config", "no_such_config", "--data_path", c], 2,
+                         ["unknown --config", "no_such_config"]),
+    "config with a syntax error": (lambda b, c: ["--config", str(b / "syntax_error.py"), "--data_path", c], 2,
+                                   ["syntax error", "line 1"]),
+    "config missing keys": (lambda b, c: ["--config", str(b / "missing_keys.py"), "--data_path", c], 2,
+                            ["missing", "num_steps"]),
+    "batch_size 0": (lambda b, c: ["--config", TINY_CONFIG, "--set", "batch_size=0", "--data_path", c], 2,
+                     ["batch_size must be > 0"]),
+    "num_steps -1": (lambda b, c: ["--config", TINY_CONFIG, "--set", "num_steps=-1", "--data_path", c], 2,
+                     ["num_steps must be > 0"]),
+    "num_steps longer than the data": (
+        lambda b, c: ["--config", TINY_CONFIG, "--set", "num_steps=100000", "--data_path", c], 1,
+        ["too few", "num_steps 100000"]),
+    "ptb.valid.txt missing": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "no_valid")], 1,
+                              ["ptb.valid.txt"]),
+    "ptb.valid.txt empty": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "empty_valid")], 1,
+                            ["ptb.valid.txt", "empty"]),
+    "non-UTF-8 bytes in ptb.train.txt": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "not_utf8")], 1, ["not UTF-8", "0xff"]),
+    "data_path is a file": (lambda b, c: ["--config", TINY_CONFIG, "--data_path", str(b / "a_file")], 1,
+                            ["is a file"]),
+    # Root writes through chmod, but not below a regular file nor into /proc.
+    "output_dir below a file": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c, "--output_dir", str(b / "a_file" / "out")], 2,
+        ["not writable", "Not a directory"]),
+    "output_dir in /proc": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c, "--output_dir", "/proc/lm_ptb_out"], 2,
+        ["not writable"]),
+    "NaN/inf loss (learning rate 1e30)": (
+        lambda b, c: ["--config", TINY_CONFIG, "--data_path", c,
+                      "--set", "opt.optimizer.kwargs.learning_rate=1e30"], 1,
+        ["loss is", "epoch 1 step 2", "learning rate 1e+30"]),
+}
+UNDER_MPIRUN = ("unknown --config", "ptb.valid.txt missing", "output_dir in /proc")
+
+
+def bad_args(case, bad, synthetic_corpus, tmp_path):
+    make, code, phrases = BAD_INPUTS[case]
+    args = make(bad, synthetic_corpus[0])
+    if "--output_dir" not in args:
+        args += ["--output_dir", str(tmp_path / "out")]
+    return args + ["--max_steps_per_epoch", "3", "--set", "num_epochs=1"], code, phrases
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [c for c in BAD_INPUTS if c not in UNDER_MPIRUN])
+def test_bad_input_one_process(case, bad, synthetic_corpus, tmp_path):
+    args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
+    proc, seconds = timed(lm_ptb, args, timeout=90)
+    record(f"{case} (1 process)", ["python", "lm_ptb.py", *args], proc, seconds)
+    assert_one_clean_error(proc, code, *phrases)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", UNDER_MPIRUN)
+def test_bad_input_two_ranks(case, bad, synthetic_corpus, tmp_path):
+    """Every rank stops with the same status; the message appears once, from rank 0."""
+    args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
+    proc, seconds = timed(mpirun, 2, args, timeout=180)
+    record(f"{case} (mpirun -np 2)", ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args],
+           proc, seconds)
+    assert_one_clean_error(proc, code, *phrases)
