@@ -6,6 +6,7 @@ step losses are compared start through tests/hooked_entry.py, which records them
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime.config import load_config
+from runtime.trainer import BatchPlan
 from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, entry, lm_ptb, mpirun, run_command
 from hooks import losses_by_rank
 
@@ -125,9 +127,12 @@ def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_ru
     assert sum("intra/inter threads" in line and "  2/" in line for line in lines) == 2
 
 
-def test_distributed_evaluation_equals_rank_zero_alone(tmp_path, synthetic_corpus, single_run):
+def test_distributed_evaluation_and_dense_gradients_give_the_same_training(tmp_path, synthetic_corpus, single_run):
+    """--eval_mode distributed and --sparse_as_dense in one launch: each changes how
+    the ranks share work, neither what they compute."""
     data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed"], hooks=_recorded(tmp_path))
+    result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed", "--sparse_as_dense"],
+                    hooks=_recorded(tmp_path))
     assert result.returncode == 0, result.stderr
     multi = _assert_same_training(single_run, tmp_path)
     # Summed in another order than rank 0 alone: equal to float64 rounding.
@@ -136,22 +141,30 @@ def test_distributed_evaluation_equals_rank_zero_alone(tmp_path, synthetic_corpu
     tokens = _valid_tokens(data)
     assert multi["eval_mode"] == "distributed"
     assert multi["eval_tokens_per_rank"] == [tokens // 2, tokens // 2]
+    # The flag reached the context that builds hvd.DistributedGradientTape.
+    assert multi["sparse_as_dense"] is True
 
 
 @pytest.mark.parametrize("mode, scale", [("linear", 2.0), ("sqrt", 2 ** 0.5), ("none", 1.0), ("auto", 2.0)])
-def test_per_worker_batches_scale_the_learning_rate(tmp_path, synthetic_corpus, mode, scale):
+def test_per_worker_batches_scale_the_learning_rate_by_the_mode(mode, scale):
+    config = load_config(TINY_CONFIG, ["batch_mode=per_worker", f"learning_rate.scale_by_worker={mode}"])
+    plan = BatchPlan.from_config(config, 2)
+    assert (plan.rows_per_rank, plan.global_batch) == (20, 40)
+    assert plan.lr_scale == pytest.approx(scale)
+
+
+def test_per_worker_batches_under_mpirun_log_and_use_the_scaled_rate(tmp_path, synthetic_corpus):
     data, _ = synthetic_corpus
     result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
                         "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--set", "batch_mode=per_worker",
-                        "--set", f"learning_rate.scale_by_worker={mode}",
                         "--set", "opt.optimizer.kwargs.learning_rate=0.5"])
     assert result.returncode == 0, result.stderr
     results = _results(tmp_path)
     assert results["global_batch_size"] == 40
-    assert results["learning_rate_scale"] == pytest.approx(scale)
+    assert results["learning_rate_scale"] == pytest.approx(2.0)  # auto: linear in per_worker mode
     with open(tmp_path / "metrics.jsonl") as f:
-        assert json.loads(f.readline())["lr"] == pytest.approx(0.5 * scale)
-    assert f"learning rate {0.5 * scale:.6g}" in result.stdout
+        assert json.loads(f.readline())["lr"] == pytest.approx(1.0)
+    assert re.search(r"epoch 1/1: learning rate 1$", result.stdout, re.M), result.stdout[-2000:]
     assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker)" in result.stdout
 
 
@@ -277,14 +290,6 @@ def test_gloo_under_mpirun_is_refused_with_its_cause(tmp_path, synthetic_corpus)
                 "horovodrun --gloo")
     assert result.stderr.count(expected) == 2, result.stderr[-3000:]
     assert not os.path.exists(tmp_path / "results.json")
-
-
-def test_sparse_as_dense_gives_the_same_training(tmp_path, synthetic_corpus, single_run):
-    data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--sparse_as_dense"], hooks=_recorded(tmp_path))
-    assert result.returncode == 0, result.stderr
-    # The flag reached the context that builds hvd.DistributedGradientTape.
-    assert _assert_same_training(single_run, tmp_path)["sparse_as_dense"] is True
 
 
 def test_fp16_allreduce_stays_close(tmp_path, synthetic_corpus, single_run):
