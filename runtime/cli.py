@@ -237,10 +237,11 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             return 128 + int(err.signum)
         except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError,
                 OSError) as err:
-            # Raised alike on every rank (a NaN in the allreduced loss, a
-            # broadcast resume error), so the ranks still leave together; an
-            # OSError (a full disk) is rank 0's, and the others follow it out.
-            if ctx.is_chief or not isinstance(err, trainer.TrainingError):
+            # Raised alike on every rank (a NaN in the allreduced loss, rank 0's
+            # outcome of a save or a resume, broadcast), so the ranks still leave
+            # together and rank 0 alone says why; an OSError (a full disk) is the
+            # rank's own, and the others follow it out.
+            if ctx.is_chief or isinstance(err, OSError):
                 _error_line(f"error: {err}")
             return _exit_code(err)
         if ctx.is_chief:

@@ -285,10 +285,12 @@ class TrainingLoop:
         train_step = make_train_step(self.model, self.optimizer, config, ctx, plan, self.opts.seed)
         for callback in self.callbacks:
             callback.begin(ctx.rank, ctx.size, position["epoch"], position["step"])
+        # Held through the test evaluation too: a signal after the last step
+        # finds no step to stop at, and the run ends as it would have.
         with _Signals() as signals:
             for epoch in range(position["epoch"], config["num_epochs"]):
                 position = self._train_epoch(epoch, position, plan, train_step, signals, commit)
-        return self._finish(position, plan, digests)
+            return self._finish(position, plan, digests)
 
     def _fit(self, position, plan):
         """The position for this world's global batch. Only batch_mode=per_worker

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -13,7 +14,7 @@ sys.path.insert(0, ROOT)
 
 import cluster as cluster_lib  # noqa: E402
 import synthetic_ptb  # noqa: E402
-from runtime.launch import run_bounded  # noqa: E402
+from runtime.launch import Launch, run_bounded  # noqa: E402
 
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
@@ -107,3 +108,32 @@ def checkpoint_position(path):
         reader.get_tensor(name)
     return (int(reader.get_tensor("epoch/.ATTRIBUTES/VARIABLE_VALUE")),
             int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))
+
+
+def run_with_actions(cmd, actions, timeout, workdir, env=None):
+    """Runs cmd as run_command does, and at each (ready, act) of `actions` in
+    turn waits until ready(launch) is true, then calls act(launch): to signal
+    a process or fill a disk at a moment that the output or the files show.
+
+    The whole run, waits included, is bounded by `timeout` seconds.
+    """
+    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=ROOT, workdir=str(workdir))
+    deadline = time.monotonic() + timeout
+    try:
+        for number, (ready, act) in enumerate(actions, 1):
+            while not ready(launch):
+                if launch.proc.poll() is not None:
+                    pytest.fail(f"ended before the moment of action {number}:\n{launch.stdout()[-2000:]}\n"
+                                f"{launch.stderr()[-3000:]}")
+                if time.monotonic() > deadline:
+                    pytest.fail(f"no moment for action {number} in {timeout}s:\n{launch.stderr()[-3000:]}")
+                time.sleep(0.05)
+            act(launch)
+        ended = launch.wait(deadline - time.monotonic())
+    finally:
+        outcome = launch.finish(0)
+    if not ended:
+        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(map(str, cmd))}\n{outcome.stderr[-3000:]}")
+    if outcome.left_behind:
+        pytest.fail(f"processes outlived {' '.join(map(str, cmd))}: {outcome.left_behind}")
+    return subprocess.CompletedProcess(cmd, outcome.returncode, outcome.stdout, outcome.stderr)

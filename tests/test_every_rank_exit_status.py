@@ -1,0 +1,147 @@
+"""Under mpirun every rank leaves with the same, documented exit status, and the job prints one error line.
+
+mpirun shows only one status for the job, so each rank here runs under a shell
+that writes the rank's own status to STATUS_DIR/<rank> (RELIABILITY.md: "under
+mpirun -np 2 every rank exits with the same status"; exit statuses: 1 data,
+checkpoint, disk or training errors, 2 usage and config errors, 128 + signal
+after a clean stop).
+"""
+import os
+import re
+import shlex
+import signal
+
+import pytest
+
+from conftest import (MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, error_lines, latest_checkpoint,
+                      run_command, run_with_actions)
+from runtime.launch import tagged_pids
+from test_disk_full import tmpfs  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.timeout(200)
+
+SCRIPT = os.path.join(ROOT, "lm_ptb_distributed.py")
+
+
+def ranks_recording_their_status(status_dir, args):
+    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py and writes its exit status."""
+    os.makedirs(status_dir, exist_ok=True)
+    shell = (f'{shlex.quote(PYTHON)} {shlex.quote(SCRIPT)} "$@"; status=$?; '
+             f'echo $status > {shlex.quote(str(status_dir))}/$OMPI_COMM_WORLD_RANK; exit $status')
+    return [*MPIRUN, "-np", "2", "sh", "-c", shell, "rank", *map(str, args)]
+
+
+def statuses(status_dir):
+    return {name: int((status_dir / name).read_text()) for name in sorted(os.listdir(status_dir))}
+
+
+def tiny(data, out, *extra):
+    return ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(out), "--set", "num_epochs=1", *extra]
+
+
+def assert_one_error_line(stderr, *phrases):
+    assert "Traceback" not in stderr, stderr[-3000:]
+    lines = error_lines(stderr)
+    assert len(lines) == 1, stderr[-3000:]
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+
+
+@pytest.fixture
+def no_valid(tmp_path, synthetic_corpus):
+    path = tmp_path / "no_valid"
+    path.mkdir()
+    for split in ("train", "test"):
+        os.symlink(os.path.join(synthetic_corpus[0], f"ptb.{split}.txt"), path / f"ptb.{split}.txt")
+    return str(path)
+
+
+BAD = {
+    # case: (extra args, or a fixture's name for --data_path; the status; phrases of the one line)
+    "a usage error only rank 0 checks (output_dir in /proc)": (["--output_dir", "/proc/lm_ptb_out"], 2,
+                                                               ["--output_dir /proc/lm_ptb_out is not writable"]),
+    "a config error (unknown --set key)": (["--set", "no_such_key=1"], 2, ["no_such_key"]),
+    "a data error (ptb.valid.txt missing)": ("no_valid", 1, ["has ptb.train.txt but no ptb.valid.txt"]),
+    "a training error (the loss diverges)": (["--set", "opt.optimizer.kwargs.learning_rate=1e30",
+                                              "--max_steps_per_epoch", "3"], 1, ["loss is", "epoch 1 step 2"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_gives_every_rank_the_same_status(case, request, tmp_path, synthetic_corpus):
+    extra, code, phrases = BAD[case]
+    data = synthetic_corpus[0]
+    if isinstance(extra, str):
+        data, extra = request.getfixturevalue(extra), []
+    args = tiny(data, tmp_path / "out", *extra)  # a case's own --output_dir comes last and wins
+    result = run_command(ranks_recording_their_status(tmp_path / "status", args), timeout=150)
+    assert statuses(tmp_path / "status") == {"0": code, "1": code}, result.stderr[-3000:]
+    assert result.returncode == code
+    assert_one_error_line(result.stderr, *phrases)
+
+
+def rank_pid(launch, rank):
+    """The Python of lm_ptb_distributed.py that runs as `rank`, among the launch's processes."""
+    for pid in tagged_pids(launch.tag):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(words) > 1 and words[1] == SCRIPT.encode() and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no rank {rank} among {tagged_pids(launch.tag)}")
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_to_one_rank_stops_every_rank_with_143(tmp_path, synthetic_corpus):
+    out = tmp_path / "out"
+    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000")
+    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args),
+                               [(lambda launch: "perplexity:" in launch.stdout(),
+                                 lambda launch: os.kill(rank_pid(launch, 1), signal.SIGTERM))], 150, tmp_path)
+    assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, outcome.stderr[-3000:]
+    assert outcome.returncode == 143
+    stops = re.findall(r"stopped by signal at epoch (\d+) step (\d+)", outcome.stderr)
+    assert len(stops) == 2 and stops[0] == stops[1], outcome.stderr[-3000:]
+    assert_one_error_line(outcome.stderr, f"Resume with --resume --output_dir {out}")
+    assert checkpoint_position(latest_checkpoint(out)) == (0, int(stops[0][1]))
+
+
+def fill(path):
+    """Writes path until the filesystem has not one byte left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 16, 4096, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(200)
+def test_disk_full_on_two_ranks_stops_both_with_1_and_keeps_the_last_checkpoint(tmpfs, tmp_path,  # noqa: F811
+                                                                                 synthetic_corpus):
+    """The disk fills mid-epoch, between checkpoints (one every 2 steps, so no
+    metrics.jsonl write comes first): the next checkpoint write fails."""
+    disk = tmpfs("8m")
+    out = disk / "out"
+    args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", "--checkpoint_every", "2",
+                "--keep_checkpoints", "1")
+    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args),
+                               [(lambda launch: (out / "checkpoints" / "checkpoint").exists(),
+                                 lambda launch: fill(disk / "ballast"))], 150, tmp_path)
+    assert statuses(tmp_path / "status") == {"0": 1, "1": 1}, outcome.stderr[-3000:]
+    assert outcome.returncode == 1
+    assert_one_error_line(outcome.stderr, f"cannot write a checkpoint to {out}/checkpoints (No space left on device)")
+    kept = re.search(r"the last complete one \((\S+)\) is intact: free some space and resume from it with --resume$",
+                     error_lines(outcome.stderr)[0])
+    assert kept, error_lines(outcome.stderr)
+    assert latest_checkpoint(out) == kept.group(1)
+    epoch, step = checkpoint_position(kept.group(1))  # reads every tensor
+    assert (epoch, step % 2) == (0, 0) and step > 0

@@ -1,0 +1,122 @@
+"""Signals that arrive while no training step runs (RELIABILITY.md, "Signals").
+
+The stop flag is read at training steps: a signal during an evaluation takes
+effect at the next step, after the epoch's checkpoint; one after the last step
+is ignored and the run finishes normally. The corpus here has valid and test
+splits as long as the training text, so that each evaluation lasts seconds and
+a signal sent as soon as the output or the files show that one has begun lands
+inside it.
+"""
+import json
+import os
+import re
+import signal
+
+import pytest
+import tensorflow as tf
+
+from conftest import MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, error_lines, run_with_actions
+from test_every_rank_exit_status import rank_pid, ranks_recording_their_status, statuses
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def long_evaluations(tmp_path_factory, synthetic_corpus):
+    path = tmp_path_factory.mktemp("long_evaluations")
+    train = os.path.join(synthetic_corpus[0], "ptb.train.txt")
+    for split in ("train", "valid", "test"):
+        os.symlink(train, path / f"ptb.{split}.txt")
+    return str(path)
+
+
+def args(data, out, epochs):
+    return ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(out), "--set", f"num_epochs={epochs}",
+            "--max_steps_per_epoch", str(STEPS)]
+
+
+def validating(epoch, epochs):
+    """True once the last step of `epoch` has been logged and its validation has not ended."""
+    return lambda launch: (launch.stdout().count("1.000 perplexity") == epoch
+                           and f"epoch {epoch}/{epochs}: train perplexity" not in launch.stdout())
+
+
+def in_the_test_evaluation(out):
+    """True once a one-epoch run's last checkpoints are written (best/ is last), before its test perplexity."""
+    return lambda launch: (out / "best" / "checkpoint").exists() and "test perplexity" not in launch.stdout()
+
+
+def checkpoints(out):
+    state = tf.train.get_checkpoint_state(os.path.join(str(out), "checkpoints"))
+    return [checkpoint_position(path) for path in state.all_model_checkpoint_paths]
+
+
+def metrics_epochs(out):
+    with open(os.path.join(str(out), "metrics.jsonl")) as f:
+        return [json.loads(line)["epoch"] for line in f]
+
+
+def to_the_launcher(signum):
+    return lambda launch: launch.send_signal(signum)
+
+
+def to_rank(rank, signum):
+    return lambda launch: os.kill(rank_pid(launch, rank), signum)
+
+
+@pytest.mark.timeout(150)
+def test_sigint_during_an_evaluation_stops_after_the_next_step(tmp_path, long_evaluations):
+    out = tmp_path / "out"
+    result = run_with_actions([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args(long_evaluations, out, 2)],
+                              [(validating(1, 2), to_the_launcher(signal.SIGINT))], 120, tmp_path)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
+    # The evaluation ran to its end and the epoch's checkpoint was written; the
+    # run stopped at the next step and saved there.
+    assert "epoch 1/2: train perplexity" in result.stdout
+    assert metrics_epochs(out) == [1]
+    assert checkpoints(out) == [(1, 0), (1, 1)]
+    assert error_lines(result.stderr) == [f"error: stopped by signal at epoch 2 step 1; checkpoint {out}/checkpoints/"
+                                          f"ckpt-{STEPS + 1}. Resume with --resume --output_dir {out}"]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_after_the_last_step_is_ignored(tmp_path, long_evaluations):
+    """One SIGTERM during the last validation, one during the test evaluation."""
+    out = tmp_path / "out"
+    result = run_with_actions([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args(long_evaluations, out, 1)],
+                              [(validating(1, 1), to_the_launcher(signal.SIGTERM)),
+                               (in_the_test_evaluation(out), to_the_launcher(signal.SIGTERM))], 120, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test perplexity" in result.stdout and "results: " in result.stdout
+    assert error_lines(result.stderr) == [] and "stopped by signal" not in result.stderr
+    with open(out / "results.json") as f:
+        assert json.load(f)["epochs"] == 1
+    assert checkpoints(out) == [(1, 0)]
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_to_a_rank_waiting_for_rank_0s_evaluation(tmp_path, long_evaluations):
+    """Rank 1 waits at the rendezvous while rank 0 validates: both stop after the next step, with 143."""
+    out = tmp_path / "out"
+    result = run_with_actions(ranks_recording_their_status(tmp_path / "status", args(long_evaluations, out, 2)),
+                              [(validating(1, 2), to_rank(1, signal.SIGTERM))], 180, tmp_path)
+    assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, result.stderr[-3000:]
+    assert result.returncode == 143
+    assert len(error_lines(result.stderr)) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert re.findall(r"stopped by signal at epoch (\d+) step (\d+)", result.stderr) == [("2", "1")] * 2
+    assert metrics_epochs(out) == [1]
+    assert checkpoints(out) == [(1, 0), (1, 1)]
+
+
+@pytest.mark.timeout(200)
+def test_sigusr1_to_mpirun_during_the_test_evaluation_is_ignored(tmp_path, long_evaluations):
+    """mpirun forwards SIGUSR1 to every rank at once (RELIABILITY.md)."""
+    out = tmp_path / "out"
+    result = run_with_actions([*MPIRUN, "-np", "2", PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"),
+                               *args(long_evaluations, out, 1)],
+                              [(in_the_test_evaluation(out), to_the_launcher(signal.SIGUSR1))], 180, tmp_path)
+    assert "Forwarding signal 10 to job" in result.stderr
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test perplexity" in result.stdout and "stopped by signal" not in result.stderr
+    assert checkpoints(out) == [(1, 0)]
