@@ -225,3 +225,14 @@ def test_cli_bad_arguments_exit_2_with_one_line(argv, message, tmp_path, capsys,
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("", message)
     assert not (tmp_path / "c.png").exists()
+
+
+def test_the_epoch_table_of_the_docs_is_printed_from_metrics_jsonl(tmp_path):
+    run = write_run(tmp_path / "medium", RUN_1)
+    proc = run_command([PYTHON, os.path.join(ROOT, "scripts", "epoch_table.py"), run], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ("| epoch | lr | train ppl | valid ppl | s/epoch |\n|---|---|---|---|---|\n"
+                           "| 1 | 1 | 912.25 | 301.50 | 3 |\n| 2 | 1 | 250.12 | 180.06 | 3 |\n"
+                           "| 3 | 0.5 | 140.30 | 151.70 | 3 |\n")
+    missing = run_command([PYTHON, os.path.join(ROOT, "scripts", "epoch_table.py"), str(tmp_path / "none")], 60)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: cannot read ")
