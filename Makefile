@@ -22,11 +22,9 @@ $(SYNTH)/ptb.train.txt: synthetic_ptb.py | setup
 
 synthetic: $(SYNTH)/ptb.train.txt
 
-# Three workers: most multi-process tests spend their time waiting (for a watchdog,
-# a timeout, a launcher), so a third one keeps both cores busy.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 3 --dist worksteal tests
+	$(PY) -m pytest -q tests
 
 demo: setup synthetic
 	$(MPIRUN) -np 2 $(PY) lm_ptb_distributed.py --config tests/config_tiny.py \

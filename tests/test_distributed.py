@@ -32,9 +32,9 @@ def _recorded(out):
     return ["--record_steps", os.path.join(out, "steps")]
 
 
-def _step_losses(out, ranks):
-    """The global loss of each step: recorded by every one of `ranks`, all alike."""
-    by_rank = losses_by_rank(os.path.join(out, "steps"), [(0, step) for step in range(STEPS)])
+def _step_losses(out, ranks, steps=STEPS):
+    """The global loss of each of epoch 1's `steps` steps: recorded by every one of `ranks`, all alike."""
+    by_rank = losses_by_rank(os.path.join(out, "steps"), [(0, step) for step in range(steps)])
     assert len(by_rank) == ranks
     assert all(losses == by_rank[0] for losses in by_rank.values()), by_rank
     return by_rank[0]
