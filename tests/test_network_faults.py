@@ -55,7 +55,7 @@ def long_valid_corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def longer_valid_corpus(tmp_path_factory):
     """Evaluations that outlast a 10 s watchdog."""
-    return corpus_with_valid_of(tmp_path_factory, 4)
+    return corpus_with_valid_of(tmp_path_factory, 10)
 
 
 def train_args(corpus, output_dir, *extra, epochs=3, hooks=()):
