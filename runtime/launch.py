@@ -10,6 +10,7 @@ process on the machine whose environment holds the tag.
 """
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -82,13 +83,16 @@ class Outcome:
 class Launch:
     """A command started with its own tag; `finish` bounds it and cleans up.
 
-    Output goes to files, so a caller can watch it while the command runs.
+    Output goes to files, so a caller can watch it while the command runs. A
+    work directory the caller did not give is removed by `finish`.
     """
 
     def __init__(self, cmd, env=None, cwd=None, workdir=None):
         self.cmd = [str(c) for c in cmd]
         self.tag = uuid.uuid4().hex
+        self.owns_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="launch.")
+        self.outcome = None
         os.makedirs(self.workdir, exist_ok=True)
         self.stdout_path = os.path.join(self.workdir, "stdout")
         self.stderr_path = os.path.join(self.workdir, "stderr")
@@ -119,7 +123,11 @@ class Launch:
 
     def finish(self, timeout, linger_s=5.0):
         """Waits for the launcher at most `timeout` s from its start, then kills
-        whatever of the run is left. Always call it (in a `finally`)."""
+        whatever of the run is left. Always call it (in a `finally`); a second
+        call only kills again and returns the first call's outcome."""
+        if self.outcome is not None:
+            kill_tagged(self.tag)
+            return self.outcome
         ended = self.wait(timeout - (time.monotonic() - self.started))
         seconds = time.monotonic() - self.started
         left = []
@@ -136,7 +144,10 @@ class Launch:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
-        return Outcome(self.proc.returncode, self.stdout(), self.stderr(), seconds, not ended, left)
+        self.outcome = Outcome(self.proc.returncode, self.stdout(), self.stderr(), seconds, not ended, left)
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.outcome
 
 
 def run_bounded(cmd, timeout, env=None, cwd=None, linger_s=5.0):

@@ -1,14 +1,19 @@
 """Bad input ends the job before training, non-zero, with one line that says why,
 the same on every rank.
 
-With RELIABILITY_RECORD=FILE.jsonl every case appends its row to FILE (tests/failure_helpers.py).
+The one-process cases run in this process, through the entry scripts' own
+`cli.run`, but one that runs as `python lm_ptb.py`, for the exit path; three
+run under mpirun. With RELIABILITY_RECORD=FILE.jsonl every case appends
+its row to FILE (tests/failure_helpers.py).
 """
 import shutil
+import subprocess
 
 import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
 from failure_helpers import assert_one_clean_error, record, timed
+from runtime import cli, context
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,12 +85,32 @@ def bad_args(case, bad, synthetic_corpus, tmp_path):
     return args + ["--max_steps_per_epoch", "3", "--set", "num_epochs=1"], code, phrases
 
 
+AS_A_PROCESS = "config with a syntax error"
+
+
+def in_process(args, capsys):
+    """lm_ptb.py's main less its thread settings (TensorFlow takes them only before
+    it starts, and this process has started it): the exit status and the output."""
+    capsys.readouterr()
+    code = cli.run(cli.parse_args(args, distributed=False), context.LocalContext())
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", [c for c in BAD_INPUTS if c not in UNDER_MPIRUN])
-def test_bad_input_one_process(case, bad, synthetic_corpus, tmp_path):
+@pytest.mark.parametrize("case", [c for c in BAD_INPUTS if c not in (*UNDER_MPIRUN, AS_A_PROCESS)])
+def test_bad_input_one_process(case, bad, synthetic_corpus, tmp_path, capsys):
     args, code, phrases = bad_args(case, bad, synthetic_corpus, tmp_path)
-    proc, seconds = timed(lm_ptb, args, timeout=90)
+    proc, seconds = timed(in_process, args, capsys)
     record(f"{case} (1 process)", ["python", "lm_ptb.py", *args], proc, seconds)
+    assert_one_clean_error(proc, code, *phrases)
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_ends_the_script_with_its_status(bad, synthetic_corpus, tmp_path):
+    args, code, phrases = bad_args(AS_A_PROCESS, bad, synthetic_corpus, tmp_path)
+    proc, seconds = timed(lm_ptb, args, timeout=90)
+    record(f"{AS_A_PROCESS} (1 process)", ["python", "lm_ptb.py", *args], proc, seconds)
     assert_one_clean_error(proc, code, *phrases)
 
 

@@ -118,7 +118,7 @@ def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_ru
     data, _ = synthetic_corpus
     result = mpirun(2, [*_args(data, tmp_path), "--mpi-log", "workers"],
                     extra_mpi=["-H", "127.0.0.2:1,127.0.0.3:1", "--mca", "plm_rsh_agent", AGENT],
-                    hooks=_recorded(tmp_path))
+                    hooks=_recorded(tmp_path), env={"TMPDIR": str(tmp_path)})  # the agent's session dirs
     assert result.returncode == 0, result.stderr
     _assert_same_training(single_run, tmp_path)
     lines = result.stdout.splitlines()

@@ -1,5 +1,6 @@
 """The one launcher of every multi-process test (runtime/launch.py): a hang
 ends at its bound, and nothing it started survives, wherever it went."""
+import os
 import sys
 import time
 
@@ -40,6 +41,9 @@ def test_a_hanging_launch_ends_at_its_bound_and_leaves_no_process():
     assert 5 <= outcome.seconds < 10
     assert outcome.stdout == "started\n"
     assert tagged_pids(launch.tag) == []
+    # Its output directory went with it, and finishing again changes nothing.
+    assert not os.path.exists(launch.workdir)
+    assert launch.finish(5) is outcome
 
 
 def test_a_process_that_outlives_its_launcher_is_reported_and_killed():
@@ -48,3 +52,10 @@ def test_a_process_that_outlives_its_launcher_is_reported_and_killed():
     assert not outcome.timed_out and outcome.returncode == 0
     assert len(outcome.left_behind) == 1 and outcome.left_behind[0].endswith("sleep 1000")
     assert tagged_pids(launch.tag) == []
+
+
+def test_a_work_directory_given_by_the_caller_keeps_the_output(tmp_path):
+    launch = Launch([sys.executable, "-c", "print('kept')"], workdir=str(tmp_path / "run"))
+    outcome = launch.finish(30, linger_s=0)
+    assert outcome.returncode == 0 and outcome.stdout == "kept\n"
+    assert (tmp_path / "run" / "stdout").read_text() == "kept\n"
