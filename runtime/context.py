@@ -226,9 +226,10 @@ class HorovodContext(LocalContext):
         return self.broadcast_object(result, name="chief_result")
 
     def start_watchdog(self, timeout_s):
-        # A world of one has no peer to wait for, and may well outlive its
-        # parent shell on purpose (nohup).
-        if not timeout_s or self.size == 1:
+        # A fixed world of one has no peer to wait for, and may well outlive
+        # its parent shell on purpose (nohup). An elastic world of one may
+        # grow, and its launcher is horovodrun, which it must not outlive.
+        if not timeout_s or (self.size == 1 and not self.elastic):
             return
         self.watchdog = Watchdog(self.rank, timeout_s, elastic=self.elastic)
         # Started before the exchange, so that a rank that never joins it

@@ -330,6 +330,9 @@ class Watchdog:
         unless its launcher is gone, and with it the job."""
         flag = f"--hang_timeout {self.timeout:g}"
         if self.elastic and self.exchanged and os.getppid() == self.ppid:
+            if not self.peers:
+                return (f"This worker leaves ({flag}), the last of its world: horovodrun waits for a host "
+                        "to join until its --start-timeout, then ends the job")
             return f"This worker leaves ({flag}); the others go on without it"
         return f"The job ends ({flag}); resume with --resume"
 

@@ -113,10 +113,11 @@ def test_horovodrun_gloo_matches_one_process(tmp_path, synthetic_corpus, single_
     _assert_same_training(single_run, tmp_path)
 
 
-def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_run):
+def test_two_host_launch_with_an_rsh_agent_and_a_log_per_rank(tmp_path, synthetic_corpus, single_run):
     # 127.0.0.2 and 127.0.0.3 are two "hosts": separate nodes, local_rank 0 on each.
     data, _ = synthetic_corpus
-    result = mpirun(2, [*_args(data, tmp_path), "--mpi-log", "workers"],
+    log_path = tmp_path / "train.log"
+    result = mpirun(2, [*_args(data, tmp_path), "--mpi-log", "workers", "-l", str(log_path)],
                     extra_mpi=["-H", "127.0.0.2:1,127.0.0.3:1", "--mca", "plm_rsh_agent", AGENT],
                     hooks=_recorded(tmp_path), env={"TMPDIR": str(tmp_path)})  # the agent's session dirs
     assert result.returncode == 0, result.stderr
@@ -125,6 +126,10 @@ def test_two_host_launch_with_an_rsh_agent(tmp_path, synthetic_corpus, single_ru
     assert "[rank 1]" in result.stdout
     # With one slot per host, Horovod gives each rank local size 1: all the cores.
     assert sum("intra/inter threads" in line and "  2/" in line for line in lines) == 2
+    # -m workers with -l: rank 0 writes the given file, every other rank its own.
+    assert "[rank 0] my rank               0" in log_path.read_text()
+    rank1 = (tmp_path / "train.log.rank1").read_text()
+    assert "[rank 1] my rank               1" in rank1 and "[rank 0]" not in rank1
 
 
 def test_distributed_evaluation_and_dense_gradients_give_the_same_training(tmp_path, synthetic_corpus, single_run):
@@ -168,12 +173,19 @@ def test_per_worker_batches_under_mpirun_log_and_use_the_scaled_rate(tmp_path, s
     assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker)" in result.stdout
 
 
-def test_global_mode_does_not_scale_the_learning_rate(tmp_path, synthetic_corpus):
-    data, _ = synthetic_corpus
-    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
+@pytest.fixture(scope="module")
+def plain_two_ranks(tmp_path_factory, synthetic_corpus):
+    """mpirun -np 2 with every option at its default: (output, mpirun's stdout)."""
+    out = tmp_path_factory.mktemp("plain")
+    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(out),
                         "--set", "num_epochs=1", "--max_steps_per_epoch", "3"])
     assert result.returncode == 0, result.stderr
-    assert _results(tmp_path)["learning_rate_scale"] == 1.0
+    return out, result.stdout
+
+
+def test_global_mode_does_not_scale_the_learning_rate(plain_two_ranks):
+    out, _ = plain_two_ranks
+    assert _results(out)["learning_rate_scale"] == 1.0
 
 
 def test_batch_that_does_not_divide_fails_on_every_rank(tmp_path, synthetic_corpus):
@@ -233,26 +245,11 @@ def test_collect_mode_brings_every_rank_to_rank_zero_log(tmp_path, synthetic_cor
     assert not os.path.exists(f"{log_path}.rank1")
 
 
-def test_workers_mode_writes_one_file_per_rank(tmp_path, synthetic_corpus):
-    data, _ = synthetic_corpus
-    log_path = tmp_path / "train.log"
-    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path / "out"),
-                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3", "--mpi-log", "workers",
-                        "-l", str(log_path)])
-    assert result.returncode == 0, result.stderr
-    assert "[rank 0] my rank               0" in log_path.read_text()
-    rank1 = (tmp_path / "train.log.rank1").read_text()
-    assert "[rank 1] my rank               1" in rank1 and "[rank 0]" not in rank1
-
-
-def test_master_mode_logs_only_rank_zero(tmp_path, synthetic_corpus):
-    data, _ = synthetic_corpus
-    result = mpirun(2, ["--config", TINY_CONFIG, "--data_path", data, "--output_dir", str(tmp_path),
-                        "--set", "num_epochs=1", "--max_steps_per_epoch", "3"])
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("Summary of the training") == 1
-    assert "my rank               0" in result.stdout and "[rank" not in result.stdout
-    assert "node list" in result.stdout and "MPI                   Open MPI" in result.stdout
+def test_master_mode_logs_only_rank_zero(plain_two_ranks):
+    _, stdout = plain_two_ranks
+    assert stdout.count("Summary of the training") == 1
+    assert "my rank               0" in stdout and "[rank" not in stdout
+    assert "node list" in stdout and "MPI                   Open MPI" in stdout
 
 
 def test_serial_without_a_launcher(tmp_path, synthetic_corpus):

@@ -44,11 +44,12 @@ def recorded(out):
     return ["--record_steps", os.path.join(str(out), "steps")]
 
 
-def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hooks=()):
+def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hooks=(), hosts=("host1", "host2")):
     hosts_file = os.path.join(cluster.workdir, "hosts.txt")
     with open(hosts_file, "w") as f:
-        f.write("host1:1\nhost2:1\n")
-    cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2", "--min-np", "1", "--max-np", "2",
+        f.write("".join(f"{host}:1\n" for host in hosts))
+    cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", str(len(hosts)), "--min-np", "1",
+           "--max-np", "2",
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
            *entry("lm_ptb_distributed.py", hooks), *train_args(corpus, out, epochs, elastic=True), *extra]
     return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
@@ -275,6 +276,22 @@ def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, syntheti
     record("elastic: rank frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,
            line.split(">:", 1)[-1], 0, "loads")
     checkpoint_position(latest_checkpoint(out))
+
+
+def test_a_stuck_rank_in_a_world_of_one_leaves_and_the_job_ends(cluster, synthetic_corpus, tmp_path):
+    """An elastic job that starts on one host has a watchdog too: its only rank,
+    stuck in a read, leaves, and horovodrun, with no host left, ends the job."""
+    out = tmp_path / "elastic"
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, "--start-timeout", "10", hosts=("host1",),
+                           hooks=("--fault", "rank=0,epoch=0,step=40,mode=hang"))
+    wait_for(launch, r"0\.200 perplexity")
+    outcome = finish(cluster, launch, 120)
+    assert outcome.returncode != 0
+    line = next((line for line in outcome.stderr.splitlines() if "is alive but has made no progress" in line), None)
+    assert line and "rank 0 on host1" in line, outcome.stderr[-3000:]
+    assert ("This worker leaves (--hang_timeout 15), the last of its world: horovodrun waits for a host to join "
+            "until its --start-timeout, then ends the job") in line
+    assert worlds(outcome.stdout) == [(1, 1, 0)]
 
 
 def test_per_worker_batches_follow_the_world_size_and_the_log_says_so(cluster, synthetic_corpus, tmp_path):

@@ -203,3 +203,18 @@ def test_elastic_a_leaving_worker_says_the_others_go_on_unless_its_launcher_is_g
     assert dog.verdict(now=1000.0)[0].startswith("its launcher (")
     assert dog.outcome() == "The job ends (--hang_timeout 20); resume with --resume"
     assert two_rank_view().outcome() == "The job ends (--hang_timeout 20); resume with --resume"
+
+
+def test_elastic_a_world_of_one_judges_its_own_progress_and_its_exit_ends_the_world():
+    dog = Watchdog(0, 20.0, elastic=True)
+    dog.host = "host1"
+    dog.exchange([dict(dog.card(), host="host1")])
+    dog.moved[0] = 1000.0
+    dog.state[0] = {"rank": 0, "phase": "training step", "where": "epoch 1, step 40", "slow": False,
+                    "entered": 7, "progress": 7}
+    assert dog.verdict(now=1019.0) is None
+    assert dog.verdict(now=1021.0) == (
+        "rank 0 on host1 is alive but has made no progress for 21 s since training step (epoch 1, step 40), "
+        "and no rank has moved for 21 s (a hung read or a deadlock)", 0)
+    assert dog.outcome() == ("This worker leaves (--hang_timeout 20), the last of its world: horovodrun waits "
+                             "for a host to join until its --start-timeout, then ends the job")
