@@ -280,15 +280,17 @@ def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, syntheti
 
 def test_a_stuck_rank_in_a_world_of_one_leaves_and_the_job_ends(cluster, synthetic_corpus, tmp_path):
     """An elastic job that starts on one host has a watchdog too: its only rank,
-    stuck in a read, leaves, and horovodrun, with no host left, ends the job."""
+    stuck in a read, leaves, and horovodrun, with no host left, ends the job.
+    (The host is host2: with every host local, horovodrun looks for the
+    interface of 127.0.0.1, which the namespaces' --network-interface is not.)"""
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, "--start-timeout", "10", hosts=("host1",),
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, "--start-timeout", "10", hosts=("host2",),
                            hooks=("--fault", "rank=0,epoch=0,step=40,mode=hang"))
     wait_for(launch, r"0\.200 perplexity")
     outcome = finish(cluster, launch, 120)
     assert outcome.returncode != 0
     line = next((line for line in outcome.stderr.splitlines() if "is alive but has made no progress" in line), None)
-    assert line and "rank 0 on host1" in line, outcome.stderr[-3000:]
+    assert line and "rank 0 on host2" in line, outcome.stderr[-3000:]
     assert ("This worker leaves (--hang_timeout 15), the last of its world: horovodrun waits for a host to join "
             "until its --start-timeout, then ends the job") in line
     assert worlds(outcome.stdout) == [(1, 1, 0)]
