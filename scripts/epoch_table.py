@@ -1,6 +1,11 @@
-"""Prints a run's metrics.jsonl as the Markdown table of docs/medium_large_and_gpu.md.
+"""Prints training runs' metrics.jsonl as the Markdown tables of docs/medium_large_and_gpu.md.
 
     python scripts/epoch_table.py results/medium_1rank_fp32_seed1
+    python scripts/epoch_table.py results/medium_1rank_fp32_seed1 results/medium_2rank_fp32_seed1 \
+        --labels "1 process" "2 ranks"
+
+One run gives a row per epoch; several give their epochs side by side, as far
+as the shortest run goes.
 """
 import argparse
 import os
@@ -18,12 +23,39 @@ def table(records):
     return "\n".join(rows)
 
 
+def side_by_side(runs, labels):
+    """Epochs of every run in `runs` (lists of records), one column group per label."""
+    epochs = min(len(records) for records in runs)
+    for records in runs:
+        for mine, first in zip(records[:epochs], runs[0]):
+            if (mine["epoch"], mine["lr"]) != (first["epoch"], first["lr"]):
+                raise PlotError(f"epoch {first['epoch']}: the runs differ in epoch or learning rate "
+                                f"({mine['epoch']}, {mine['lr']:g}): compare runs of one schedule")
+    head = ["epoch", "lr"] + [f"{label} {column}" for label in labels for column in ("train", "valid", "s/epoch")]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i in range(epochs):
+        cells = [str(runs[0][i]["epoch"]), f"{runs[0][i]['lr']:.4g}"]
+        for records in runs:
+            r = records[i]
+            cells += [f"{r['train_ppl']:.2f}", f"{r['valid_ppl']:.2f}", f"{r['epoch_time_s']:.0f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="a training run's output_dir (or its metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", metavar="run", help="a training run's output_dir (or its metrics.jsonl)")
+    parser.add_argument("--labels", nargs="+", default=None, help="one column label per run, when there are several")
     args = parser.parse_args(argv)
     try:
-        print(table(read_metrics(args.run)))
+        runs = [read_metrics(run) for run in args.runs]
+        if len(runs) == 1:
+            print(table(runs[0]))
+            return 0
+        labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
+        if len(labels) != len(runs):
+            raise PlotError(f"--labels got {len(labels)} labels for {len(runs)} runs; give one per run")
+        print(side_by_side(runs, labels))
     except PlotError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -236,3 +236,22 @@ def test_the_epoch_table_of_the_docs_is_printed_from_metrics_jsonl(tmp_path):
                            "| 3 | 0.5 | 140.30 | 151.70 | 3 |\n")
     missing = run_command([PYTHON, os.path.join(ROOT, "scripts", "epoch_table.py"), str(tmp_path / "none")], 60)
     assert missing.returncode == 2 and missing.stderr.startswith("error: cannot read ")
+
+
+def test_the_epoch_table_sets_runs_side_by_side_as_far_as_the_shortest_goes(tmp_path):
+    one, two = write_run(tmp_path / "one", RUN_1), write_run(tmp_path / "two", RUN_2)
+    script = os.path.join(ROOT, "scripts", "epoch_table.py")
+    proc = run_command([PYTHON, script, one, two, "--labels", "1 process", "2 ranks"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
+        "| epoch | lr | 1 process train | 1 process valid | 1 process s/epoch | 2 ranks train | 2 ranks valid "
+        "| 2 ranks s/epoch |\n|---|---|---|---|---|---|---|---|\n"
+        "| 1 | 1 | 912.25 | 301.50 | 3 | 1010.50 | 320.25 | 2 |\n"
+        "| 2 | 1 | 250.12 | 180.06 | 3 | 260.75 | 190.50 | 2 |\n")
+    other = write_run(tmp_path / "other", [dict(RUN_2[0], lr=0.5)])
+    refused = run_command([PYTHON, script, one, other], timeout=60)
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: epoch 1: the runs differ in epoch or learning rate (1, 0.5): compare runs of one schedule\n")
+    unlabeled = run_command([PYTHON, script, one, two, "--labels", "only one"], timeout=60)
+    assert unlabeled.returncode == 2
+    assert unlabeled.stderr == "error: --labels got 1 labels for 2 runs; give one per run\n"
