@@ -16,10 +16,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from plot_curves import PlotError, read_metrics  # noqa: E402
 
 
+def _row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def _epoch_cells(record):
+    return [str(record["epoch"]), f"{record['lr']:.4g}"]
+
+
+def _run_cells(record):
+    return [f"{record['train_ppl']:.2f}", f"{record['valid_ppl']:.2f}", f"{record['epoch_time_s']:.0f}"]
+
+
 def table(records):
     rows = ["| epoch | lr | train ppl | valid ppl | s/epoch |", "|---|---|---|---|---|"]
-    rows += [f"| {r['epoch']} | {r['lr']:.4g} | {r['train_ppl']:.2f} | {r['valid_ppl']:.2f} | {r['epoch_time_s']:.0f} |"
-             for r in records]
+    rows += [_row(_epoch_cells(r) + _run_cells(r)) for r in records]
     return "\n".join(rows)
 
 
@@ -32,13 +43,9 @@ def side_by_side(runs, labels):
                 raise PlotError(f"epoch {first['epoch']}: the runs differ in epoch or learning rate "
                                 f"({mine['epoch']}, {mine['lr']:g}): compare runs of one schedule")
     head = ["epoch", "lr"] + [f"{label} {column}" for label in labels for column in ("train", "valid", "s/epoch")]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for i in range(epochs):
-        cells = [str(runs[0][i]["epoch"]), f"{runs[0][i]['lr']:.4g}"]
-        for records in runs:
-            r = records[i]
-            cells += [f"{r['train_ppl']:.2f}", f"{r['valid_ppl']:.2f}", f"{r['epoch_time_s']:.0f}"]
-        rows.append("| " + " | ".join(cells) + " |")
+    rows = [_row(head), "|" + "---|" * len(head)]
+    rows += [_row(_epoch_cells(runs[0][i]) + [cell for records in runs for cell in _run_cells(records[i])])
+             for i in range(epochs)]
     return "\n".join(rows)
 
 
