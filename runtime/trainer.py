@@ -134,11 +134,16 @@ class _TensorBoard:
         self.writer.flush()
 
 
+# The steps are traced with autograph off. Their Python has no branch or loop
+# on a tensor, so the graph is the same, but autograph would rewrite every
+# function they call, Horovod's tape and collectives included: that costs each
+# rank of a 2-rank run about 4 s of CPU at its first step (tests/test_op_selection.py checks
+# that the graph is unchanged).
 def make_train_step(model, optimizer, config, ctx, plan, seed):
     variables = model.trainable_variables
     opt_hparams = config["opt"]
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_step(x, y, state, epoch, step, stop_flag):
         inputs, targets = tf.transpose(x), tf.transpose(y)
         dropout = RowDropout(seed, epoch, step, ctx.rank * plan.rows_per_rank, plan.global_batch)
@@ -160,7 +165,7 @@ def make_train_step(model, optimizer, config, ctx, plan, seed):
 
 
 def make_eval_step(model):
-    @tf.function
+    @tf.function(autograph=False)
     def eval_step(x, y, state):
         logits, new_state = model(tf.transpose(x), state)
         nll = token_cross_entropy(tf.transpose(y), logits, ops=model.ops)

@@ -4,6 +4,7 @@ One function, texar_lite.op_selection.choose_ops, decides for the decoder, the
 loss and the training summary. These tests need no GPU: a model built for
 device "GPU:0" is traced here on the CPU and must hold no custom op.
 """
+import collections
 import re
 
 import numpy as np
@@ -119,6 +120,12 @@ def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
 
 def _traced_op_types(device, tf_ops=()):
     """Op types in the train and eval step graphs (nested functions included) of a tiny model on `device`."""
+    model, counts = _traced_op_counts(device, tf_ops)
+    return model, set(counts)
+
+
+def _traced_op_counts(device, tf_ops=()):
+    """The model, and how many ops of each type its train and eval step graphs hold."""
     config = load_config("tests/config_tiny.py", ["vocab_size=50", "num_steps=3", "batch_size=4"])
     model = LanguageModel(config, 50, seed=1, device=device, tf_ops=tf_ops)
     optimizer = optimization.get_optimizer(config["opt"])
@@ -129,13 +136,23 @@ def _traced_op_types(device, tf_ops=()):
     scalar = tf.TensorSpec([], tf.int64)
     graphs = [train_step.get_concrete_function(ids, ids, state, scalar, scalar, tf.TensorSpec([], tf.float32)),
               make_eval_step(model).get_concrete_function(ids, ids, state)]
-    types = set()
+    counts = collections.Counter()
     for concrete in graphs:
         graph_def = concrete.graph.as_graph_def()
-        types.update(node.op for node in graph_def.node)
+        counts.update(node.op for node in graph_def.node)
         for function in graph_def.library.function:
-            types.update(node.op for node in function.node_def)
-    return model, types
+            counts.update(node.op for node in function.node_def)
+    return model, counts
+
+
+def test_the_steps_traced_without_autograph_are_the_graphs_autograph_makes(monkeypatch):
+    # Autograph off saves each process seconds at its first step (runtime/trainer.py);
+    # it must not change a single op, as a len() of a tensor would.
+    _, plain = _traced_op_counts("CPU")
+    function = tf.function
+    monkeypatch.setattr(tf, "function", lambda *args, **kwargs: function(*args, **{**kwargs, "autograph": True}))
+    _, converted = _traced_op_counts("CPU")
+    assert sum(plain.values()) > 100 and converted == plain
 
 
 def test_a_model_built_for_gpu_runs_no_custom_op():
