@@ -22,9 +22,11 @@ $(SYNTH)/ptb.train.txt: synthetic_ptb.py | setup
 
 synthetic: $(SYNTH)/ptb.train.txt
 
+# Three pytest workers: the tests on namespace hosts (two xdist groups) spend
+# much of their time waiting out timeouts, so they run beside the others.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 3 --dist loadgroup tests
 
 demo: setup synthetic
 	$(MPIRUN) -np 2 $(PY) lm_ptb_distributed.py --config tests/config_tiny.py \

@@ -113,6 +113,7 @@ class Watchdog:
         self.elastic = elastic
         self.reformed_at = None  # elastic: when the world began to re-form
         self.waiting_for = None  # elastic: the silent peers whose exit the driver awaits
+        self.end_driver = False  # elastic: the world waits for them, and horovodrun with it
         self.interval = min(1.0, self.timeout / 10)
         self.host = socket.gethostname()
         self.out = out or sys.stderr
@@ -159,10 +160,20 @@ class Watchdog:
             self.reformed_at = self.waiting_for = None
 
     def reform(self):
-        """An elastic reset begins: this world's peers are gone until the next exchange."""
+        """An elastic reset begins: this world's peers are gone until the next exchange.
+
+        A peer that died ends the collective at once, a heartbeat or so after
+        its last. One already silent for longer went silent without exiting,
+        and the reset began when Gloo's timeout ended the collective, which may
+        come before --hang_timeout: the driver will wait for that peer too.
+        """
         with self.lock:
+            now = time.monotonic()
+            silent = sorted(r for r in self.peers if now - self.heard[r] > 3 * self.interval + 1)
+            if silent and not self.waiting_for:
+                self.waiting_for = ", ".join(self._name(r) for r in silent)
             self.exchanged = False
-            self.reformed_at = time.monotonic()
+            self.reformed_at = now
             self.phase, self.where, self.slow = "re-forming the world", "", False
             self.entered += 1
             self.progress += 1
@@ -268,6 +279,10 @@ class Watchdog:
         if not self.exchanged:
             if self.reformed_at is not None:
                 if self.waiting_for and now - self.reformed_at > limit:
+                    if not driver_reachable():
+                        return (f"{self.waiting_for} went silent, and horovodrun's driver cannot be reached "
+                                "either: this host is the one cut off", self.rank)
+                    self.end_driver = True
                     return (f"re-forming the world has waited {now - self.reformed_at:.0f} s for {self.waiting_for}, "
                             "which went silent without exiting, and horovodrun's driver waits for its exit: "
                             "end that process, or let the discovery script drop its host", self.rank)
@@ -321,15 +336,17 @@ class Watchdog:
             self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
             self.out.flush()
         self._guard_daemon()
-        if self.elastic and not self.exchanged:
+        if self.end_driver:
             self._end_elastic_driver()
         os._exit(HANG_EXIT)
 
     def outcome(self):
         """What follows this rank's exit. An elastic world goes on without it,
-        unless its launcher is gone, and with it the job."""
+        unless its launcher is gone, or the world waits for a frozen peer and
+        this rank ends horovodrun."""
         flag = f"--hang_timeout {self.timeout:g}"
-        if self.elastic and self.exchanged and os.getppid() == self.ppid:
+        in_a_world = self.exchanged or self.reformed_at is not None
+        if self.elastic and in_a_world and not self.end_driver and os.getppid() == self.ppid:
             if not self.peers:
                 return (f"This worker leaves ({flag}), the last of its world: horovodrun waits for a host "
                         "to join until its --start-timeout, then ends the job")
@@ -354,7 +371,13 @@ class Watchdog:
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except OSError:
-                    pass
+                    return
+                # horovodrun counts a worker's exit as the job's failure only once
+                # its shutdown has begun: this worker stays until that shutdown
+                # ends it, or for two daemon graces.
+                deadline = time.monotonic() + 2 * DAEMON_GRACE_S
+                while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 return
             pid = parent
 

@@ -29,7 +29,8 @@ HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 WORLD = re.compile(r"elastic: (\d+) ranks from epoch (\d+) step (\d+)")
 
-pytestmark = pytest.mark.timeout(420)
+# make test runs this module and test_multihost on one pytest worker beside the others.
+pytestmark = [pytest.mark.timeout(420), pytest.mark.xdist_group("cluster_elastic")]
 
 
 def train_args(corpus, out, epochs, elastic=False):

@@ -24,11 +24,17 @@ SCRIPT = os.path.join(ROOT, "lm_ptb_distributed.py")
 
 
 def ranks_recording_their_status(status_dir, args):
-    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py and writes its exit status."""
+    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py and writes its exit status.
+
+    mpirun does not abort the job when the first rank fails: each rank must
+    reach its own status, and write it, without being killed. (mpirun then
+    exits 0; test_bad_input.py checks its status in the default mode.)
+    """
     os.makedirs(status_dir, exist_ok=True)
     shell = (f'{shlex.quote(PYTHON)} {shlex.quote(SCRIPT)} "$@"; status=$?; '
              f'echo $status > {shlex.quote(str(status_dir))}/$OMPI_COMM_WORLD_RANK; exit $status')
-    return [*MPIRUN, "-np", "2", "sh", "-c", shell, "rank", *map(str, args)]
+    return [*MPIRUN, "-mca", "orte_abort_on_non_zero_status", "0", "-np", "2", "sh", "-c", shell, "rank",
+            *map(str, args)]
 
 
 def statuses(status_dir):
@@ -76,7 +82,6 @@ def test_bad_input_gives_every_rank_the_same_status(case, request, tmp_path, syn
     args = tiny(data, tmp_path / "out", *extra)  # a case's own --output_dir comes last and wins
     result = run_command(ranks_recording_their_status(tmp_path / "status", args), timeout=150)
     assert statuses(tmp_path / "status") == {"0": code, "1": code}, result.stderr[-3000:]
-    assert result.returncode == code
     assert_one_error_line(result.stderr, *phrases)
 
 
@@ -103,7 +108,6 @@ def test_sigterm_to_one_rank_stops_every_rank_with_143(tmp_path, synthetic_corpu
                                [(lambda launch: "perplexity:" in launch.stdout(),
                                  lambda launch: os.kill(rank_pid(launch, 1), signal.SIGTERM))], 150, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, outcome.stderr[-3000:]
-    assert outcome.returncode == 143
     stops = re.findall(r"stopped by signal at epoch (\d+) step (\d+)", outcome.stderr)
     assert len(stops) == 2 and stops[0] == stops[1], outcome.stderr[-3000:]
     assert_one_error_line(outcome.stderr, f"Resume with --resume --output_dir {out}")
@@ -137,7 +141,6 @@ def test_disk_full_on_two_ranks_stops_both_with_1_and_keeps_the_last_checkpoint(
                                [(lambda launch: (out / "checkpoints" / "checkpoint").exists(),
                                  lambda launch: fill(disk / "ballast"))], 150, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 1, "1": 1}, outcome.stderr[-3000:]
-    assert outcome.returncode == 1
     assert_one_error_line(outcome.stderr, f"cannot write a checkpoint to {out}/checkpoints (No space left on device)")
     kept = re.search(r"the last complete one \((\S+)\) is intact: free some space and resume from it with --resume$",
                      error_lines(outcome.stderr)[0])

@@ -73,7 +73,8 @@ def count(events, name):
 def threads(stdout):
     """Per rank: the intra/inter threads of its training summary, and those TensorFlow's getters return."""
     summary = dict(re.findall(r"\[rank (\d)\] intra/inter threads\s+(\d+/\d+)$", stdout, re.M))
-    getters = dict(re.findall(r"^rank (\d): TensorFlow threads (\d+/\d+)$", stdout, re.M))
+    # Not anchored: mpirun may write another rank's unfinished line just before it.
+    getters = dict(re.findall(r"rank (\d): TensorFlow threads (\d+/\d+)", stdout))
     return summary, getters
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster_elastic")]
 STEPS = 20
 
 

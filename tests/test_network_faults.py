@@ -34,7 +34,8 @@ MPIRUN = [*CLUSTER_MPIRUN, "-H", "host1:1,host2:1"]
 # to SIGKILL it; horovodrun exits 1 whatever its ranks did.
 HOROVODRUN = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "host1:1,host2:1"]
 
-pytestmark = pytest.mark.timeout(240)
+# make test runs this module on one pytest worker beside the others (see the Makefile).
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster_faults")]
 
 
 def corpus_with_valid_of(tmp_path_factory, times):
@@ -174,10 +175,17 @@ def test_a_cut_link_mid_epoch_ends_the_job_and_resume_continues_exactly(cluster,
 
 def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, long_valid_corpus, tmp_path):
     out = tmp_path / "out"
+
+    def cut_once_rank_1_waits(hosts):
+        # Rank 1 enters the evaluation with rank 0 and says so at once; on a busy
+        # machine it may take a moment to be scheduled.
+        time.sleep(1.5)
+        hosts.cut("host2")
+
     # The last step's line comes just before the evaluation.
     outcome, seconds, left = strike(cluster, MPIRUN, train_args(long_valid_corpus, out),
                                     MID_EPOCH_2 + r"[^\n]*\n(?:.*\n)*?.*1\.000 perplexity",
-                                    lambda h: h.cut("host2"), "link cut in evaluation")
+                                    cut_once_rank_1_waits, "link cut in evaluation")
     check("link cut during rank 0's evaluation", "mpirun", outcome, seconds, left, out,
           "rank 1 on host2 went silent, last heard in evaluation (valid, epoch 2)", code=-signal.SIGKILL)
 

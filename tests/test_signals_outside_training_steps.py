@@ -102,7 +102,6 @@ def test_sigterm_to_a_rank_waiting_for_rank_0s_evaluation(tmp_path, long_evaluat
     result = run_with_actions(ranks_recording_their_status(tmp_path / "status", args(long_evaluations, out, 2)),
                               [(validating(1, 2), to_rank(1, signal.SIGTERM))], 180, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, result.stderr[-3000:]
-    assert result.returncode == 143
     assert len(error_lines(result.stderr)) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert re.findall(r"stopped by signal at epoch (\d+) step (\d+)", result.stderr) == [("2", "1")] * 2
     assert metrics_epochs(out) == [1]
