@@ -152,10 +152,15 @@ class Cluster:
             os.chmod(path, 0o755)
 
     def env(self, host, base=None):
-        """The environment of a command started on `host`: the stand-in ssh first on PATH."""
+        """The environment of a command started on `host`: the stand-in ssh first on PATH.
+
+        The hosts share this machine's cores, so MPI ranks that wait yield the
+        core instead of spinning on it (mpirun hands OMPI_MCA_* on to every rank).
+        """
         env = dict(os.environ if base is None else base)
         env["PATH"] = self.bin + os.pathsep + env.get("PATH", "")
         env["OMPI_MCA_orte_tmpdir_base"] = os.path.join(self.workdir, host)
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
         return env
 
     def start(self, host, cmd, env=None, cwd=None):
