@@ -113,7 +113,6 @@ class Watchdog:
         self.elastic = elastic
         self.reformed_at = None  # elastic: when the world began to re-form
         self.waiting_for = None  # elastic: the silent peers whose exit the driver awaits
-        self.end_driver = False  # elastic: the world waits for them, and horovodrun with it
         self.interval = min(1.0, self.timeout / 10)
         self.host = socket.gethostname()
         self.out = out or sys.stderr
@@ -279,10 +278,6 @@ class Watchdog:
         if not self.exchanged:
             if self.reformed_at is not None:
                 if self.waiting_for and now - self.reformed_at > limit:
-                    if not driver_reachable():
-                        return (f"{self.waiting_for} went silent, and horovodrun's driver cannot be reached "
-                                "either: this host is the one cut off", self.rank)
-                    self.end_driver = True
                     return (f"re-forming the world has waited {now - self.reformed_at:.0f} s for {self.waiting_for}, "
                             "which went silent without exiting, and horovodrun's driver waits for its exit: "
                             "end that process, or let the discovery script drop its host", self.rank)
@@ -336,17 +331,15 @@ class Watchdog:
             self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
             self.out.flush()
         self._guard_daemon()
-        if self.end_driver:
+        if self.elastic and not self.exchanged:
             self._end_elastic_driver()
         os._exit(HANG_EXIT)
 
     def outcome(self):
         """What follows this rank's exit. An elastic world goes on without it,
-        unless its launcher is gone, or the world waits for a frozen peer and
-        this rank ends horovodrun."""
+        unless its launcher is gone, and with it the job."""
         flag = f"--hang_timeout {self.timeout:g}"
-        in_a_world = self.exchanged or self.reformed_at is not None
-        if self.elastic and in_a_world and not self.end_driver and os.getppid() == self.ppid:
+        if self.elastic and self.exchanged and os.getppid() == self.ppid:
             if not self.peers:
                 return (f"This worker leaves ({flag}), the last of its world: horovodrun waits for a host "
                         "to join until its --start-timeout, then ends the job")
@@ -371,13 +364,7 @@ class Watchdog:
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except OSError:
-                    return
-                # horovodrun counts a worker's exit as the job's failure only once
-                # its shutdown has begun: this worker stays until that shutdown
-                # ends it, or for two daemon graces.
-                deadline = time.monotonic() + 2 * DAEMON_GRACE_S
-                while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                    pass
                 return
             pid = parent
 

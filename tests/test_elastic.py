@@ -271,7 +271,10 @@ def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, syntheti
     struck = time.monotonic()
     outcome = finish(cluster, launch, 150)
     seconds = time.monotonic() - struck
-    assert outcome.returncode != 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
+    # horovodrun exits 1, or 0 when both workers' exits reach its driver before
+    # its own shutdown: Horovod 0.28.1 ends a world whose every worker failed
+    # without a result (RELIABILITY.md). The error line is what tells.
+    assert outcome.returncode in (0, 1), outcome.stdout[-3000:] + outcome.stderr[-3000:]
     line = next((line for line in outcome.stderr.splitlines() if "re-forming the world has waited" in line), None)
     assert line and re.search(r"for rank \d on host2, which went silent without exiting", line), outcome.stderr[-3000:]
     record("elastic: rank frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,

@@ -179,8 +179,7 @@ def test_elastic_re_forming_may_wait_long_for_hosts_when_no_peer_went_silent(dri
     assert dog.verdict(now=dog.reformed_at + 100 * dog.timeout) is None
 
 
-@pytest.mark.parametrize("reachable", [True, False])
-def test_elastic_a_peer_silent_before_a_reset_that_gloo_began_is_waited_for(driver, reachable):
+def test_elastic_a_peer_silent_before_a_reset_that_gloo_began_is_waited_for(driver):
     # Gloo's timeout (30 s by default) may end the collective before --hang_timeout
     # (120 s by default) finds the silence: the reset itself shows it.
     dog = elastic_view()
@@ -189,17 +188,10 @@ def test_elastic_a_peer_silent_before_a_reset_that_gloo_began_is_waited_for(driv
     assert dog.waiting_for == "rank 1 on host2"
     start = dog.reformed_at
     assert dog.verdict(now=start + 19) is None
-    if not reachable:
-        driver.close()
     message, reporter = dog.verdict(now=start + 21)
-    assert reporter == 0 and dog.end_driver == reachable
-    if reachable:
-        assert message.startswith("re-forming the world has waited 21 s for rank 1 on host2, which went silent")
-        assert dog.outcome() == "The job ends (--hang_timeout 20); resume with --resume"
-    else:
-        assert message == ("rank 1 on host2 went silent, and horovodrun's driver cannot be reached either: "
-                           "this host is the one cut off")
-        assert dog.outcome() == "This worker leaves (--hang_timeout 20); the others go on without it"
+    assert message.startswith("re-forming the world has waited 21 s for rank 1 on host2, which went silent")
+    assert reporter == 0
+    assert dog.outcome() == "The job ends (--hang_timeout 20); resume with --resume"
 
 
 def test_elastic_the_side_that_cannot_reach_the_driver_is_the_one_cut_off(driver):
