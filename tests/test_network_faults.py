@@ -39,13 +39,11 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cluster_faults"
 
 
 def corpus_with_valid_of(tmp_path_factory, times):
-    """The synthetic corpus with a valid split `times` its train split: rank 0's
-    evaluation takes seconds, or none when `times` is below 1."""
+    """The synthetic corpus with a valid split `times` its train split, so that
+    rank 0's evaluation takes seconds."""
     path = tmp_path_factory.mktemp(f"valid_x{times}")
     synthetic_ptb.write_synthetic_corpus(str(path), vocab=250, successors=4, train_words=200000, seed=1234)
-    lines = (path / "ptb.train.txt").read_text().splitlines(keepends=True)
-    valid = lines * int(times) if times >= 1 else lines[:int(len(lines) * times)]
-    (path / "ptb.valid.txt").write_text("".join(valid))
+    (path / "ptb.valid.txt").write_text((path / "ptb.train.txt").read_text() * times)
     return str(path)
 
 
@@ -53,12 +51,6 @@ def corpus_with_valid_of(tmp_path_factory, times):
 def long_valid_corpus(tmp_path_factory):
     """Long enough to cut the link in the middle of the evaluation."""
     return corpus_with_valid_of(tmp_path_factory, 1)
-
-
-@pytest.fixture(scope="module")
-def short_valid_corpus(tmp_path_factory):
-    """A wide model's evaluation over it is quick."""
-    return corpus_with_valid_of(tmp_path_factory, 0.01)
 
 
 @pytest.fixture(scope="module")
@@ -198,12 +190,12 @@ def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, long_valid_c
           "rank 1 on host2 went silent, last heard in evaluation (valid, epoch 2)", code=-signal.SIGKILL)
 
 
-def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, short_valid_corpus, tmp_path):
+def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, tmp_path):
     """A 1200-unit model makes epoch 1's checkpoint two writes of 92 MB: the link is cut
     as rank 0 starts it, while rank 1 waits for it at the rendezvous."""
     out = tmp_path / "out"
     big = ["--set", "cell.kwargs.num_units=1200", "--set", "emb.dim=1200", "--max_steps_per_epoch", "4"]
-    outcome, seconds, left = strike(cluster, MPIRUN, train_args(short_valid_corpus, out, *big, epochs=2),
+    outcome, seconds, left = strike(cluster, MPIRUN, train_args(synthetic_corpus[0], out, *big, epochs=2),
                                     r"epoch 1/2: train perplexity", lambda h: h.cut("host2"), "cut in checkpoint")
     errors = error_lines(outcome.stderr)
     record("link cut during epoch 1's checkpoint", "mpirun", seconds, outcome.returncode,
@@ -257,7 +249,9 @@ def test_a_killed_mpirun_leaves_no_rank_behind(cluster, synthetic_corpus, tmp_pa
            len(left), checkpoint_position(latest_checkpoint(out)))
     assert outcome.returncode == -signal.SIGKILL
     assert left == []
-    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+    # host1's daemon, cut off from mpirun, may SIGTERM its rank before the
+    # watchdog sees the orphan: then the ranks agree to stop and save in epoch 2.
+    assert checkpoint_position(latest_checkpoint(out))[0] == 1
 
 
 # --- horovodrun --gloo -------------------------------------------------------
