@@ -94,7 +94,9 @@ class TrainCheckpoint:
             try:
                 return {"path": self._write(position, best)}
             except (OSError, tf.errors.OpError) as err:
-                previous = self.managers()[0].latest_checkpoint or "none yet"
+                # The one --resume reads: the index on disk. The manager already
+                # names the new one when only the index could not be written.
+                previous = tf.train.latest_checkpoint(self.directory) or "none yet"
                 return {"error": f"cannot write a checkpoint to {self.directory} "
                                  f"({_reason(err)}); the last complete one ({previous}) "
                                  "is intact: free some space and resume from it with --resume"}
