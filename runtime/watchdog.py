@@ -168,9 +168,9 @@ class Watchdog:
         """
         with self.lock:
             now = time.monotonic()
-            silent = sorted(r for r in self.peers if now - self.heard[r] > 3 * self.interval + 1)
+            silent = self._silent(now, self._gap())
             if silent and not self.waiting_for:
-                self.waiting_for = ", ".join(self._name(r) for r in silent)
+                self.waiting_for = self._names(silent)
             self.exchanged = False
             self.reformed_at = now
             self.phase, self.where, self.slow = "re-forming the world", "", False
@@ -236,7 +236,7 @@ class Watchdog:
             if self.stopped.is_set():
                 return
             now = time.monotonic()
-            if now - last > 3 * self.interval + 1:
+            if now - last > self._gap():
                 # This process itself was stopped (SIGSTOP, a frozen VM) or
                 # starved: its peers' silence is its own, so they get a fresh start.
                 with self.lock:
@@ -287,10 +287,10 @@ class Watchdog:
                         "(a host that cannot be reached, or a rank that did not start)", self.rank)
             return None
         with self.lock:
-            silent = sorted(r for r in self.peers if now - self.heard[r] > limit)
+            silent = self._silent(now, limit)
             if silent:
                 first = silent[0]
-                names = ", ".join(self._name(r) for r in silent)
+                names = self._names(silent)
                 verb = "went" if len(silent) == 1 else "all went"
                 message = (f"{names} {verb} silent, last heard in {self._doing(first)}: no heartbeat for "
                            f"{now - self.heard[first]:.0f} s (a cut link, or a stopped or dead process)")
@@ -313,6 +313,17 @@ class Watchdog:
                     return (message, self.rank) if stuck == self.rank else None
                 return message, min([self.rank, *self.peers])
         return None
+
+    def _gap(self):
+        """Seconds without a heartbeat that no live, scheduled process takes."""
+        return 3 * self.interval + 1
+
+    def _silent(self, now, limit):
+        """The peers not heard from for more than `limit` seconds, in rank order."""
+        return sorted(r for r in self.peers if now - self.heard[r] > limit)
+
+    def _names(self, ranks):
+        return ", ".join(self._name(r) for r in ranks)
 
     def _name(self, rank):
         host = self.host if rank == self.rank else self.peers[rank][0]
