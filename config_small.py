@@ -2,6 +2,7 @@
 
 init_scale = 0.1
 num_epochs = 13
+# hidden_size and keep_prob only build cell and emb below: the model reads those.
 hidden_size = 200
 keep_prob = 1.0
 batch_size = 20
@@ -23,9 +24,3 @@ opt = {
         "start_decay_step": 3,  # epochs 0-3 at lr 1.0, then halve every epoch
     },
 }
-
-
-def default_hparams():
-    return {"init_scale": init_scale, "num_epochs": num_epochs, "hidden_size": hidden_size,
-            "keep_prob": keep_prob, "batch_size": batch_size, "num_steps": num_steps,
-            "cell": cell, "emb": emb, "opt": opt}

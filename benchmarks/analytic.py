@@ -11,7 +11,7 @@ def analytic_flops(config, vocab_size=10000):
     (2 * T*B * H * V).
     """
     tokens = config["batch_size"] * config["num_steps"]
-    units, emb = config["hidden_size"], config["emb"]["dim"]
+    units, emb = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"]
     forward = 0
     for layer in range(config["cell"]["num_layers"]):
         in_size = emb if layer == 0 else units
@@ -22,7 +22,7 @@ def analytic_flops(config, vocab_size=10000):
 
 def gradient_bytes(config, vocab_size=10000, ranks=1):
     """Bytes one rank contributes per step: (dense allreduce, embedding rows allgathered)."""
-    units, emb, layers = config["hidden_size"], config["emb"]["dim"], config["cell"]["num_layers"]
+    units, emb, layers = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"], config["cell"]["num_layers"]
     dense = 0
     for layer in range(layers):
         in_size = emb if layer == 0 else units

@@ -52,7 +52,7 @@ def step_matmuls(config_name, repeats=5, inner=10, vocab_size=10000):
 
     from runtime.config import load_config
     config = load_config(config_name)
-    batch, steps, units = config["batch_size"], config["num_steps"], config["hidden_size"]
+    batch, steps, units = config["batch_size"], config["num_steps"], config["cell"]["kwargs"]["num_units"]
     tokens, emb, layers = batch * steps, config["emb"]["dim"], config["cell"]["num_layers"]
     rand = lambda *shape: tf.random.uniform(shape, -0.1, 0.1)  # noqa: E731
     x = [rand(tokens, emb if layer == 0 else units) for layer in range(layers)]

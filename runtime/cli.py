@@ -140,6 +140,14 @@ def _error_line(text):
     sys.stderr.flush()
 
 
+def weight_count(config, vocab_size):
+    """The model's weights: the embedding, each LSTM layer's kernel and bias (the first
+    layer's input is the embedding) and the softmax layer."""
+    units, dim, layers = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"], config["cell"]["num_layers"]
+    lstm = sum(4 * units * ((dim if layer == 0 else units) + units + 1) for layer in range(layers))
+    return vocab_size * dim + lstm + (units + 1) * vocab_size
+
+
 def check_output_dir(path, config, vocab_size, keep):
     """Fails before training if checkpoints cannot be written to `path`."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -153,10 +161,8 @@ def check_output_dir(path, config, vocab_size, keep):
     except OSError as err:
         raise UsageError(f"--output_dir {path} is not writable ({err.strerror}); "
                          "pass a folder you can write to") from None
-    hidden, layers = config["hidden_size"], config["cell"]["num_layers"]
-    params = vocab_size * hidden * 2 + layers * 8 * hidden * hidden + vocab_size
     # Weights plus up to two optimizer slots per checkpoint, kept + best + one being written.
-    needed = params * 4 * 3 * (keep + 2)
+    needed = weight_count(config, vocab_size) * 4 * 3 * (keep + 2)
     free = shutil.disk_usage(path).free
     if free < needed:
         raise UsageError(f"--output_dir {path} has {free / 1e6:.0f} MB free, checkpoints need about "

@@ -1,5 +1,8 @@
 """Loading a config module (`--config config_small` or a path) and its --set overrides.
 
+A config module states each value once, as a module-level name, in Texar's
+shape (config_small.py): its names that are schema() keys are the config, and
+any other name (hidden_size, keep_prob, an import, a helper) only builds them.
 load_config merges, checks and validates a config once and returns it as one
 read-only texar_lite.hparams.HParams; everything downstream reads that object
 as it is. Each default lives in one place: the pieces' own in their
@@ -16,8 +19,10 @@ import sys
 from texar_lite import decoder, embedder, optimization
 from texar_lite.hparams import HParams, HParamsError, merge, parse_override
 
-REQUIRED_KEYS = ("init_scale", "num_epochs", "hidden_size", "keep_prob", "batch_size", "num_steps",
-                 "cell", "emb", "opt")
+REQUIRED_KEYS = ("init_scale", "num_epochs", "batch_size", "num_steps", "cell", "emb", "opt")
+# Zaremba's scalars, which the configs use to build cell and emb: a --set of
+# one would change nothing the model reads, so it names the keys that do.
+NOT_CONFIG_KEYS = ("hidden_size", "keep_prob")
 
 
 class ConfigError(ValueError):
@@ -34,8 +39,6 @@ def schema():
     return {
         "init_scale": float(),
         "num_epochs": int(),
-        "hidden_size": int(),
-        "keep_prob": float(),
         "batch_size": int(),
         "num_steps": int(),
         "vocab_size": 10000,
@@ -77,12 +80,11 @@ def _import_config(name):
 def load_config(name, overrides=()):
     """The config module `name` with its --set overrides: see from_values."""
     module = _import_config(name)
-    if not callable(getattr(module, "default_hparams", None)):
-        raise ConfigError(f"--config {name}: the module has no default_hparams() function")
-    values = module.default_hparams()
+    values = {key: getattr(module, key) for key in schema() if hasattr(module, key)}
     missing = [key for key in REQUIRED_KEYS if key not in values]
     if missing:
-        raise ConfigError(f"--config {name} is missing {', '.join(missing)}; see config_small.py for every key")
+        raise ConfigError(f"--config {name} is missing {', '.join(missing)}; "
+                          "set each as a module-level name, as config_small.py does")
     return from_values(values, getattr(module, "__name__", name), overrides)
 
 
@@ -93,6 +95,9 @@ def from_values(values, name, overrides=()):
     try:
         merged = merge(values, schema())
         for text in overrides:
+            key, _, value = text.partition("=")
+            if key.strip() in NOT_CONFIG_KEYS:
+                raise ConfigError(_not_a_config_key(key.strip(), value.strip()))
             # Typed by the merged values, so a kwarg of another optimizer type can be set too.
             merged = merge(parse_override(text, merged), merged)
     except HParamsError as err:
@@ -102,14 +107,26 @@ def from_values(values, name, overrides=()):
     return config
 
 
+def _not_a_config_key(key, value):
+    """The one line for `--set hidden_size=VALUE` or `--set keep_prob=VALUE`: the keys that do its job."""
+    if key == "hidden_size":
+        return (f"hidden_size is not a config key: the LSTM's width is cell.kwargs.num_units and the "
+                f"embedding's emb.dim; use --set cell.kwargs.num_units={value} --set emb.dim={value}")
+    try:
+        keep = float(value)
+    except ValueError:
+        keep = 0.5  # not a number: the line still names the keys, with an example's values
+    return (f"keep_prob is not a config key: dropout is cell.dropout.output_keep_prob and emb.dropout_rate; "
+            f"use --set cell.dropout.output_keep_prob={keep:g} --set emb.dropout_rate={1 - keep:g}")
+
+
 def _validate(config):
     def need(ok, message):
         if not ok:
             raise ConfigError(message)
 
-    for key in ("num_epochs", "hidden_size", "batch_size", "num_steps", "vocab_size"):
+    for key in ("num_epochs", "batch_size", "num_steps", "vocab_size"):
         need(config[key] > 0, f"{key} must be > 0, got {config[key]}")
-    need(0.0 < config["keep_prob"] <= 1.0, f"keep_prob must be in (0, 1], got {config['keep_prob']}")
     need(config["init_scale"] > 0, f"init_scale must be > 0, got {config['init_scale']}")
     need(config["batch_mode"] in ("global", "per_worker"),
          f"batch_mode must be global or per_worker, got {config['batch_mode']!r}")
@@ -123,6 +140,7 @@ def _validate(config):
     need(cell["kwargs"].get("num_units", 1) > 0, "cell.kwargs.num_units must be > 0")
     keep = cell["dropout"]["output_keep_prob"]
     need(0.0 < keep <= 1.0, f"cell.dropout.output_keep_prob must be in (0, 1], got {keep}")
+    need(config["emb"]["dim"] > 0, f"emb.dim must be > 0, got {config['emb']['dim']}")
     need(0.0 <= config["emb"]["dropout_rate"] < 1.0,
          f"emb.dropout_rate must be in [0, 1), got {config['emb']['dropout_rate']}")
     lr = config["opt"]["optimizer"]["kwargs"].get("learning_rate")

@@ -52,8 +52,10 @@ def run_config(output_dir, config_name=None, overrides=()):
     try:
         with open(path) as f:
             results = json.load(f)
-        config = config_lib.from_values(results["hparams"], results["config"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        # A run's results.json may record hidden_size and keep_prob, which its model never read.
+        hparams = {key: value for key, value in results["hparams"].items() if key not in config_lib.NOT_CONFIG_KEYS}
+        config = config_lib.from_values(hparams, results["config"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"cannot read the run's config from {path} ({type(err).__name__}: {err}); "
                          "pass the --config and --set it trained with") from None
     return config

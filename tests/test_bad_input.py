@@ -34,7 +34,7 @@ def bad(tmp_path_factory, synthetic_corpus):
     with open(corpus_copy("not_utf8") / "ptb.train.txt", "ab") as f:
         f.write(b"w001 \xff\xfe w002\n")
     (root / "syntax_error.py").write_text("init_scale = (0.1\n")
-    (root / "missing_keys.py").write_text("def default_hparams():\n    return {'init_scale': 0.1}\n")
+    (root / "missing_keys.py").write_text("init_scale = 0.1\nhidden_size = 8\n")
     (root / "a_file").write_text("not a folder\n")
     return root
 

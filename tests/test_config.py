@@ -5,33 +5,43 @@ import os
 import re
 import subprocess
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
-import config_small
 from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
-from runtime import cli, trainer
+from runtime import cli, inference, trainer
 from runtime.config import ConfigError, from_values, load_config, schema
 from texar_lite import decoder, embedder, optimization
+from texar_lite.dropout import RowDropout
 from texar_lite.hparams import HParams
+from texar_lite.model import LanguageModel
+
+SHIPPED = {  # units, keep prob, init_scale, epochs, num_steps, lr decay, start_decay_step, clip
+    "config_small": (200, 1.0, 0.1, 13, 20, 0.5, 3, 5.0),
+    "config_medium": (650, 0.5, 0.05, 39, 35, 0.8, 5, 5.0),
+    "config_large": (1500, 0.35, 0.04, 55, 35, 1 / 1.15, 13, 10.0),
+    TINY_CONFIG: (64, 1.0, 0.1, 3, 10, 0.5, 1, 5.0),
+}
 
 
-def test_zaremba_configs_have_the_published_values():
-    table = {  # layers, units, epochs, keep_prob, lr, decay, start, clip, init_scale, num_steps
-        "config_small": (2, 200, 13, 1.0, 1.0, 0.5, 3, 5.0, 0.1, 20),
-        "config_medium": (2, 650, 39, 0.5, 1.0, 0.8, 5, 5.0, 0.05, 35),
-        "config_large": (2, 1500, 55, 0.35, 1.0, 1 / 1.15, 13, 10.0, 0.04, 35),
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_shipped_config_holds_its_values_and_nothing_else(name):
+    units, keep, init_scale, epochs, num_steps, decay, start, clip = SHIPPED[name]
+    assert load_config(name).todict() == {
+        "name": os.path.basename(name).removesuffix(".py"),
+        "init_scale": init_scale, "num_epochs": epochs, "batch_size": 20, "num_steps": num_steps,
+        "vocab_size": 10000, "batch_mode": "global", "learning_rate": {"scale_by_worker": "auto"},
+        "precision": "float32",
+        "cell": {"type": "LSTMBlockCell", "kwargs": {"num_units": units, "forget_bias": 0.0},
+                 "dropout": {"output_keep_prob": keep}, "num_layers": 2},
+        "emb": {"dim": units, "dropout_rate": 1.0 - keep},
+        "opt": {"optimizer": {"type": "GradientDescentOptimizer", "kwargs": {"learning_rate": 1.0}},
+                "gradient_clip": {"type": "clip_by_global_norm", "kwargs": {"clip_norm": clip}},
+                "learning_rate_decay": {"type": "exponential_decay",
+                                        "kwargs": {"decay_steps": 1, "decay_rate": decay, "staircase": True},
+                                        "start_decay_step": start}},
     }
-    for name, expected in table.items():
-        c = load_config(name)
-        opt = c["opt"]
-        got = (c["cell"]["num_layers"], c["cell"]["kwargs"]["num_units"], c["num_epochs"], c["keep_prob"],
-               opt["optimizer"]["kwargs"]["learning_rate"], opt["learning_rate_decay"]["kwargs"]["decay_rate"],
-               opt["learning_rate_decay"]["start_decay_step"], opt["gradient_clip"]["kwargs"]["clip_norm"],
-               c["init_scale"], c["num_steps"])
-        assert got == pytest.approx(expected), name
-        assert (c["batch_size"], c["cell"]["kwargs"]["forget_bias"], c["vocab_size"]) == (20, 0.0, 10000)
-        assert c["cell"]["dropout"]["output_keep_prob"] == c["keep_prob"]
-        assert c["emb"]["dropout_rate"] == pytest.approx(1 - c["keep_prob"])
 
 
 def test_set_overrides_nested_values_with_types():
@@ -48,7 +58,9 @@ def test_set_overrides_nested_values_with_types():
     (["num_epochs=one"], "--set num_epochs=one: expected a int, got 'one'"),
     (["batch_size=0"], "batch_size must be > 0, got 0"),
     (["num_steps=-3"], "num_steps must be > 0, got -3"),
-    (["keep_prob=1.5"], "keep_prob must be in (0, 1], got 1.5"),
+    (["cell.dropout.output_keep_prob=1.5"], "cell.dropout.output_keep_prob must be in (0, 1], got 1.5"),
+    (["emb.dropout_rate=1"], "emb.dropout_rate must be in [0, 1), got 1.0"),
+    (["emb.dim=0"], "emb.dim must be > 0, got 0"),
     (["batch_mode=sometimes"], "batch_mode must be global or per_worker, got 'sometimes'"),
 ])
 def test_bad_values_are_config_errors(overrides, message):
@@ -68,12 +80,63 @@ def test_the_config_is_one_read_only_hparams_that_round_trips_through_results_js
     assert from_values(hparams, "config_small") == c
 
 
-def _config_module(tmp_path, **changes):
-    """config_small's values with `changes`, as a config module file."""
-    values = dict(config_small.default_hparams(), **changes)
+def _config_module(tmp_path, text="", **changes):
+    """config_small's values with `changes`, as a config module file whose module-level names they are,
+    after `text`."""
+    values = dict({key: value for key, value in load_config("config_small").todict().items() if key != "name"},
+                  **changes)
     path = tmp_path / "config_changed.py"
-    path.write_text(f"def default_hparams():\n    return {values!r}\n")
+    path.write_text(text + "".join(f"{key} = {value!r}\n" for key, value in values.items()))
     return str(path)
+
+
+def test_a_config_is_its_modules_schema_keys_and_its_other_names_only_build_them(tmp_path):
+    helpers = ("import math\n\nhidden_size = 8\nkeep_prob = 0.5\n_private = 3\n\n\n"
+               "def helper():\n    return 1\n\n\n")
+    assert load_config(_config_module(tmp_path, helpers)) == load_config(_config_module(tmp_path))
+
+
+NOT_CONFIG_KEYS = {
+    "keep_prob=0.5": "keep_prob is not a config key: dropout is cell.dropout.output_keep_prob and emb.dropout_rate; "
+                     "use --set cell.dropout.output_keep_prob=0.5 --set emb.dropout_rate=0.5",
+    "keep_prob=0.35": "keep_prob is not a config key: dropout is cell.dropout.output_keep_prob and emb.dropout_rate; "
+                      "use --set cell.dropout.output_keep_prob=0.35 --set emb.dropout_rate=0.65",
+    "hidden_size=650": "hidden_size is not a config key: the LSTM's width is cell.kwargs.num_units and the "
+                       "embedding's emb.dim; use --set cell.kwargs.num_units=650 --set emb.dim=650",
+}
+
+
+@pytest.mark.parametrize("override", NOT_CONFIG_KEYS)
+def test_hidden_size_and_keep_prob_are_refused_naming_the_keys_that_do_their_job(override):
+    message = NOT_CONFIG_KEYS[override]
+    with pytest.raises(ConfigError) as err:
+        load_config("config_small", [override])
+    assert str(err.value) == message
+    # The line's own advice loads.
+    advice = message.split("; use ")[1].replace("--set ", "").split()
+    assert load_config("config_small", advice)
+
+
+def _logits(config, dropout):
+    model = LanguageModel(config, vocab_size=50, seed=3)
+    ids = tf.constant(np.arange(24).reshape(6, 4) % 50)
+    logits, _ = model(ids, model.zero_state(4), dropout)
+    return model, logits.numpy()
+
+
+@pytest.mark.parametrize("overrides, keep, rate", [
+    ([], 1.0, 0.0),
+    (["cell.dropout.output_keep_prob=0.5"], 0.5, 0.0),
+    (["emb.dropout_rate=0.5"], 1.0, 0.5),
+])
+def test_the_dropout_keys_set_the_models_dropout(overrides, keep, rate):
+    config = load_config(TINY_CONFIG, ["cell.kwargs.num_units=8", "emb.dim=8", *overrides])
+    training = RowDropout(seed=7, epoch=0, step=0, row_offset=0, global_rows=4)
+    model, dropped = _logits(config, training)
+    assert (model.decoder.output_keep_prob, model.embedder.hparams.dropout_rate) == (keep, rate)
+    _, whole = _logits(config, None)
+    # A training step's forward pass drops units exactly when a key asks for it.
+    assert np.array_equal(dropped, whole) == (keep == 1.0 and rate == 0.0)
 
 
 def test_an_unknown_key_is_refused_once_at_load_time(tmp_path):
@@ -107,15 +170,41 @@ def test_a_cell_the_decoder_cannot_build_is_a_config_error():
 
 def test_config_file_errors(tmp_path):
     missing = tmp_path / "config_missing.py"
-    missing.write_text("def default_hparams():\n    return {'num_epochs': 1}\n")
-    with pytest.raises(ConfigError, match="is missing init_scale, hidden_size"):
+    missing.write_text("num_epochs = 1\nhidden_size = 8\n")
+    with pytest.raises(ConfigError) as err:
         load_config(str(missing))
+    assert str(err.value) == (f"--config {missing} is missing init_scale, batch_size, num_steps, cell, emb, opt; "
+                              "set each as a module-level name, as config_small.py does")
     broken = tmp_path / "config_broken.py"
     broken.write_text("num_epochs = (\n")
     with pytest.raises(ConfigError, match=r"syntax error in .*config_broken.py line 1"):
         load_config(str(broken))
     with pytest.raises(ConfigError, match="unknown --config 'config_nope'"):
         load_config("config_nope")
+
+
+def test_the_disk_space_check_counts_the_models_weights():
+    config = load_config(TINY_CONFIG, ["cell.kwargs.num_units=8", "emb.dim=5", "cell.num_layers=3"])
+    model = LanguageModel(config, vocab_size=50, seed=3)
+    assert cli.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
+
+
+def test_a_runs_results_json_recording_hidden_size_and_keep_prob_still_gives_its_config(tmp_path):
+    config = load_config(TINY_CONFIG, ["cell.dropout.output_keep_prob=0.5"])
+    hparams = dict({key: value for key, value in config.todict().items() if key != "name"},
+                   hidden_size=64, keep_prob=1.0)
+    (tmp_path / "results.json").write_text(json.dumps({"config": config.name, "hparams": hparams}))
+    assert inference.run_config(str(tmp_path)) == config
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("override", ["keep_prob=0.5", "hidden_size=650"])
+def test_cli_refuses_hidden_size_and_keep_prob_with_status_2_and_one_line(override, tmp_path, synthetic_corpus):
+    result = lm_ptb(["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(tmp_path),
+                     "--set", override], timeout=100)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {NOT_CONFIG_KEYS[override]}"]
+    assert not os.path.exists(tmp_path / "results.json")
 
 
 @pytest.mark.timeout(120)

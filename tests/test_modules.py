@@ -135,7 +135,7 @@ def test_row_dropout_is_the_same_rows_on_one_or_two_ranks():
 
 
 def test_model_initialisation_is_uniform_in_init_scale():
-    config = load_config("config_small", ["hidden_size=8", "cell.kwargs.num_units=8", "emb.dim=8"])
+    config = load_config("config_small", ["cell.kwargs.num_units=8", "emb.dim=8"])
     model = LanguageModel(config, vocab_size=50, seed=3)
     weights = np.concatenate([v.numpy().ravel() for v in model.trainable_variables if "bias" not in v.name])
     assert weights.min() >= -0.1 and weights.max() <= 0.1
@@ -143,7 +143,7 @@ def test_model_initialisation_is_uniform_in_init_scale():
 
 
 def test_every_variable_gets_its_own_random_values():
-    config = load_config("config_small", ["hidden_size=8", "cell.kwargs.num_units=8", "emb.dim=8"])
+    config = load_config("config_small", ["cell.kwargs.num_units=8", "emb.dim=8"])
     decoder = LanguageModel(config, vocab_size=50, seed=3).decoder
     # Both layers' kernels have the same shape; they must not start equal.
     assert decoder.input_kernels[0].shape == decoder.input_kernels[1].shape
@@ -153,7 +153,7 @@ def test_every_variable_gets_its_own_random_values():
 
 
 def test_the_pieces_use_the_configs_hparams_as_they_are_and_merge_nothing(monkeypatch):
-    config = load_config("config_small", ["hidden_size=8", "cell.kwargs.num_units=8", "emb.dim=8"])
+    config = load_config("config_small", ["cell.kwargs.num_units=8", "emb.dim=8"])
     merges = []
 
     def counted(merge):

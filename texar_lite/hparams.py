@@ -140,7 +140,7 @@ def parse_override(text, defaults):
     """Turns 'a.b.c=VALUE' into a nested dict typed like defaults['a']['b']['c'].
 
     The value is parsed with the default's type, so `--set num_epochs=2` is an
-    int and `--set keep_prob=0.5` a float; a key that does not exist raises.
+    int and `--set emb.dropout_rate=0.5` a float; a key that does not exist raises.
     """
     if "=" not in text:
         raise HParamsError(f"--set {text!r} is not KEY=VALUE (e.g. --set num_epochs=1)")
