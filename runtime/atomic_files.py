@@ -21,11 +21,24 @@ def replacing(path):
     try:
         with open(tmp, "xb") as f:
             yield f
+            # On disk before the rename, and the rename on disk before we
+            # return: after a power cut the path holds the old bytes or the new.
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_directory(os.path.dirname(os.path.abspath(path)))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+
+
+def _fsync_directory(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path, data):

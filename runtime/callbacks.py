@@ -32,6 +32,11 @@ class StepCallback:
     def before_step(self, epoch, step):
         """The step is about to start: its batch is read, its collectives are next."""
 
+    def before_evaluation(self, split, epoch):
+        """An evaluation of `split` ("valid" after each epoch, "test" at the end)
+        starts; `epoch` is the one just trained, or the number of epochs for "test".
+        Every rank calls it as it enters the evaluation, in either --eval_mode."""
+
     def after_step(self, epoch, step, loss):
         """The step is taken. `loss`, a finite float and the same on every rank, is
         its cross entropy summed over the num_steps time steps and averaged over

@@ -186,15 +186,13 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size, beat):
     return total, tokens
 
 
-def evaluate(model, eval_step, data, config, ctx, eval_mode, where="", first=False, counts=None):
+def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None):
     """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank.
 
-    `where` and `first` tell the watchdog what is evaluated, and that the
-    first evaluation traces its step. A `counts` dict gets "tokens": the
-    tokens this rank scored (in chief mode all of them on rank 0, 0 elsewhere).
+    A `counts` dict gets "tokens": the tokens this rank scored (in chief mode
+    all of them on rank 0, 0 elsewhere).
     """
     batch, steps = config["batch_size"], config["num_steps"]
-    ctx.watch("evaluation", where, slow=first)
     counts = {} if counts is None else counts
     counts["tokens"] = 0
     if eval_mode == "distributed":
@@ -392,9 +390,7 @@ class TrainingLoop:
         ctx, config = self.ctx, self.config
         epoch_size = self.epoch_size(plan.global_batch)
         train_ppl = math.exp(cost / config["num_steps"])
-        valid_ppl = evaluate(self.model, self.eval_step, self.data.valid, config, ctx, self.opts.eval_mode,
-                             f"valid, epoch {epoch + 1}", first=not self.evaluated, counts=self.valid_counts)
-        self.evaluated = True
+        valid_ppl = self._evaluate("valid", epoch, counts=self.valid_counts)
         wps = epoch_size * plan.global_batch * config["num_steps"] / seconds
         record = {"epoch": epoch + 1, "lr": lr, "train_ppl": train_ppl, "valid_ppl": valid_ppl,
                   "epoch_time_s": seconds, "wps": wps, "world_size": ctx.size}
@@ -412,11 +408,21 @@ class TrainingLoop:
             commit(position)
         return position
 
+    def _evaluate(self, split, epoch, counts=None):
+        """The perplexity of `split` after `epoch`; the first evaluation traces its step."""
+        self.ctx.watch("evaluation", f"valid, epoch {epoch + 1}" if split == "valid" else split,
+                       slow=not self.evaluated)
+        for callback in self.callbacks:
+            callback.before_evaluation(split, epoch)
+        ppl = evaluate(self.model, self.eval_step, getattr(self.data, split), self.config, self.ctx,
+                       self.opts.eval_mode, counts=counts)
+        self.evaluated = True
+        return ppl
+
     def _finish(self, position, plan, digests):
         ctx, config, opts = self.ctx, self.config, self.opts
         metrics = position["metrics"]
-        test_ppl = evaluate(self.model, self.eval_step, self.data.test, config, ctx, opts.eval_mode, "test",
-                            first=not self.evaluated)
+        test_ppl = self._evaluate("test", config["num_epochs"])
         log.info("test perplexity %.3f", test_ppl)
         ctx.watch("finishing")
         final_digests = ctx.allgather_object(weights_digest(self.model.trainable_variables), name="final_digests")

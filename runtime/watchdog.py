@@ -14,8 +14,9 @@ So every rank runs a thread of its own, outside MPI and Gloo:
   is cut, or the rank is stopped or dead;
 - when no rank's progress count has moved for `timeout` seconds, some rank is
   alive but stuck (a hung read, say): the one that entered the fewest
-  phases, or else whose count stopped first, is named. The first training step and the first evaluation trace their
-  functions, so they get TRACING_FACTOR times as long;
+  phases, or else whose count stopped first, is named. The first training
+  step of every epoch and of every elastic attempt, and the first
+  evaluation, may trace their functions, so they get TRACING_FACTOR times as long;
 - when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
   an orphan.
 In each case the rank ends itself with HANG_EXIT. The lowest rank that can
@@ -47,20 +48,55 @@ TRACING_FACTOR = 4
 DAEMON_GRACE_S = 5.0
 OPEN_MPI_DAEMONS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted")
 
+# Ends a stuck Open MPI daemon, then the ssh clients it started: once the
+# daemon is gone they have no reader, and an ssh to a host that vanished
+# waits for a FIN that never comes (ssh has no keepalive by default).
 GUARD = """
 import os, signal, sys, time
-pid, start, grace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-def alive():
+def alive(pid, start):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19] == start
     except OSError:
         return False
+pid, start, grace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+clients = [word.split(":") for word in sys.argv[4:]]
 deadline = time.monotonic() + grace
-while alive() and time.monotonic() < deadline:
+while alive(pid, start) and time.monotonic() < deadline:
     time.sleep(0.1)
-if alive():
-    os.kill(pid, signal.SIGKILL)
+for victim, since in [(pid, start), *clients]:
+    if alive(int(victim), since):
+        os.kill(int(victim), signal.SIGKILL)
+"""
+
+
+# A rank's sentinel, a process of its own: a stopped rank (SIGSTOP, a
+# debugger) runs no watchdog. Once its launcher is gone it would stay stopped
+# for ever, so the sentinel ends it. In an elastic run a rank stopped for
+# longer than the timeout is ended too: Horovod re-forms the world only
+# around a worker that exits.
+SENTINEL = """
+import os, signal, sys, time
+pid, start, parent = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+timeout, elastic = float(sys.argv[4]), sys.argv[5] == "1"
+stopped_since = None
+while True:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        break
+    if fields[19] != start:
+        break
+    now = time.monotonic()
+    if fields[0] in "tT":
+        stopped_since = stopped_since or now
+        if int(fields[1]) != parent or (elastic and now - stopped_since > timeout):
+            os.kill(pid, signal.SIGKILL)
+            break
+    else:
+        stopped_since = None
+    time.sleep(0.5)
 """
 
 
@@ -70,6 +106,74 @@ def _process_name(pid):
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _ssh_children(pid):
+    """[(pid, start time)] of the ssh clients whose parent is `pid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and _process_name(int(name)) == "ssh":
+                found.append((int(name), fields[19]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _ancestors(pid):
+    """The pids above `pid`, nearest first."""
+    found = []
+    while pid > 1:
+        try:
+            pid = _parent(pid)
+        except (OSError, ValueError, IndexError):
+            break
+        found.append(pid)
+    return found
+
+
+def _horovodrun():
+    """The pid of the horovodrun this process runs under on this host, or None."""
+    for pid in _ancestors(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")[:2]
+        except OSError:
+            continue
+        if any(os.path.basename(word) == b"horovodrun" for word in words):
+            return pid
+    return None
+
+
+# ssh's options that take an argument: the first word after the options is the host.
+_SSH_VALUED = set("BbcDEeFIiJLlmOoPpQRSWw")
+
+
+def _ssh_host(words):
+    words = iter(words[1:])
+    for word in words:
+        if word.startswith("-") and len(word) > 1:
+            if word[-1] in _SSH_VALUED and len(word) == 2:
+                next(words, None)
+            continue
+        return word.split("@")[-1]
+    return None
+
+
+def _addresses_of(host):
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return set()
 
 
 def _start_time(pid):
@@ -86,6 +190,18 @@ def local_addresses():
             if address.family == socket.AF_INET and not address.address.startswith("127."):
                 found.append(address.address)
     return found
+
+
+def machine_identity():
+    """What two ranks share exactly when they share a network stack: this boot of
+    this kernel and this network namespace. Host names do not tell: cloned VMs
+    and containers started with one --hostname share theirs."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:  # no /proc: only loopback-free addresses are trusted
+        return None
 
 
 def driver_reachable(timeout_s=2.0):
@@ -113,8 +229,10 @@ class Watchdog:
         self.elastic = elastic
         self.reformed_at = None  # elastic: when the world began to re-form
         self.waiting_for = None  # elastic: the silent peers whose exit the driver awaits
+        self.cut_loose = set()   # elastic: far peers whose ssh sessions this rank has ended
         self.interval = min(1.0, self.timeout / 10)
         self.host = socket.gethostname()
+        self.machine = machine_identity()
         self.out = out or sys.stderr
         self.ppid = os.getppid()
         self.launcher = _process_name(self.ppid)
@@ -131,14 +249,14 @@ class Watchdog:
         self.state = {}      # rank -> {"phase", "where", "progress"} as last heard
         self.moved = {}      # rank -> monotonic time its progress last moved
         self.stopped = threading.Event()
-        self.wake = threading.Event()  # a new phase is sent at once, not up to `interval` later
+        self.wake = threading.Event()  # wakes the watch thread early (a reset, a stop)
         self.fired = False
         self.created = time.monotonic()
         self.exchanged = False
 
     def card(self):
         """What the other ranks need to reach this one."""
-        return {"rank": self.rank, "host": self.host, "port": self.sock.getsockname()[1],
+        return {"rank": self.rank, "host": self.host, "machine": self.machine, "port": self.sock.getsockname()[1],
                 "addresses": local_addresses()}
 
     def exchange(self, cards):
@@ -152,7 +270,8 @@ class Watchdog:
             for card in cards:
                 if card["rank"] == self.rank:
                     continue
-                addresses = ["127.0.0.1"] if card["host"] == self.host else card["addresses"]
+                same_machine = self.machine is not None and card["machine"] == self.machine
+                addresses = ["127.0.0.1"] if same_machine else card["addresses"]
                 self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
                 self.heard[card["rank"]] = self.moved[card["rank"]] = now
             self.exchanged = True
@@ -180,6 +299,14 @@ class Watchdog:
 
     def start(self):
         self.moved[self.rank] = time.monotonic()
+        try:
+            # A session of its own: a signal to the rank's process group does not stop it too.
+            subprocess.Popen([sys.executable, "-c", SENTINEL, str(os.getpid()), _start_time(os.getpid()),
+                              str(self.ppid), str(self.timeout), "1" if self.elastic else "0"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        except OSError:
+            pass
         threading.Thread(target=self._listen, name="watchdog-listen", daemon=True).start()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
@@ -191,11 +318,14 @@ class Watchdog:
 
     def enter(self, phase, where="", slow=False):
         with self.lock:
-            if phase != self.phase:
-                self.wake.set()
+            changed = phase != self.phase
             self.phase, self.where, self.slow = phase, where, slow
             self.entered += 1
             self.progress += 1
+        if changed:
+            # Sent from the caller's thread: once enter() returns, the peers
+            # can name this phase, whatever happens to this rank next.
+            self._send(self._own_state())
 
     def beat(self):
         with self.lock:
@@ -223,6 +353,16 @@ class Watchdog:
                     self.moved[rank] = now
                 self.state[rank] = message
 
+    def _send(self, state):
+        payload = json.dumps(state).encode()
+        with self.lock:
+            targets = [address for _, addresses in self.peers.values() for address in addresses]
+        for address in targets:
+            try:
+                self.sock.sendto(payload, address)
+            except OSError:  # unreachable for now; silence is judged by the receiver
+                pass
+
     def _own_state(self):
         with self.lock:
             return {"rank": self.rank, "phase": self.phase, "where": self.where, "slow": self.slow,
@@ -244,13 +384,7 @@ class Watchdog:
                         self.heard[rank] = self.moved[rank] = now
             last = now
             mine = self._own_state()
-            payload = json.dumps(mine).encode()
-            for _, addresses in self.peers.values():
-                for address in addresses:
-                    try:
-                        self.sock.sendto(payload, address)
-                    except OSError:  # unreachable for now; silence is judged by the receiver
-                        pass
+            self._send(mine)
             now = time.monotonic()
             with self.lock:
                 previous = self.state.get(self.rank)
@@ -296,22 +430,30 @@ class Watchdog:
                            f"{now - self.heard[first]:.0f} s (a cut link, or a stopped or dead process)")
                 if not self.elastic:
                     return message, min(r for r in [self.rank, *self.peers] if r not in silent)
-                if driver_reachable():
-                    self.waiting_for = names
-                    return None
-                return message + "; horovodrun's driver cannot be reached either: this host is the one cut off", \
-                    self.rank
-            slow = any(s.get("slow") for s in self.state.values())
-            allowance = limit * (TRACING_FACTOR if slow else 1)
-            last_move = max(self.moved.values())
-            if now - last_move > allowance:
-                stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
-                message = (f"{self._name(stuck)} is alive but has made no progress for "
-                           f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
-                           f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
-                if self.elastic:  # the stuck rank leaves; the others go on without it
-                    return (message, self.rank) if stuck == self.rank else None
-                return message, min([self.rank, *self.peers])
+            else:
+                return self._stuck(now, limit)
+        # Connecting to the driver may take seconds: not while holding the
+        # lock that the listener and the training loop wait for.
+        if driver_reachable():
+            with self.lock:
+                self.waiting_for = names
+            self._cut_loose(silent)
+            return None
+        return message + "; horovodrun's driver cannot be reached either: this host is the one cut off", self.rank
+
+    def _stuck(self, now, limit):
+        """The verdict on a world where every rank is heard but none moves (the lock held)."""
+        slow = any(s.get("slow") for s in self.state.values())
+        allowance = limit * (TRACING_FACTOR if slow else 1)
+        last_move = max(self.moved.values())
+        if now - last_move > allowance:
+            stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
+            message = (f"{self._name(stuck)} is alive but has made no progress for "
+                       f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
+                       f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
+            if self.elastic:  # the stuck rank leaves; the others go on without it
+                return (message, self.rank) if stuck == self.rank else None
+            return message, min([self.rank, *self.peers])
         return None
 
     def _gap(self):
@@ -357,34 +499,52 @@ class Watchdog:
             return f"This worker leaves ({flag}); the others go on without it"
         return f"The job ends ({flag}); resume with --resume"
 
+    def _cut_loose(self, ranks):
+        """Elastic, on horovodrun's host: ends horovodrun's ssh sessions to the
+        hosts of silent peers on other machines. A host cut off, or frozen whole,
+        never closes its session, and horovodrun's driver re-forms the world only
+        once the worker's process there has ended, which its ssh stands for."""
+        far = {r for r in ranks if r not in self.cut_loose and self.peers[r][1][0][0] != "127.0.0.1"}
+        launcher = _horovodrun() if far else None
+        if launcher is None:
+            return
+        self.cut_loose |= far
+        addresses = {a for r in far for a, _ in self.peers[r][1]}
+        mine = set(_ancestors(os.getpid()))
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in mine or _process_name(int(name)) != "ssh":
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+            except OSError:
+                continue
+            host = _ssh_host(words)
+            if host and _addresses_of(host) & addresses and launcher in _ancestors(int(name)):
+                try:
+                    os.kill(int(name), signal.SIGTERM)
+                except OSError:
+                    pass
+
     def _end_elastic_driver(self):
         """A re-forming world that waits for a frozen worker never forms, and
         horovodrun waits for it as well: the rank on horovodrun's host ends
         horovodrun, whose shutdown takes that worker's ssh session, and with it
         the worker, down."""
-        pid = os.getppid()
-        while pid > 1:
+        launcher = _horovodrun()
+        if launcher is not None:
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    words = f.read().split(b"\0")[:2]
-                with open(f"/proc/{pid}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                os.kill(launcher, signal.SIGTERM)
             except OSError:
-                return
-            if any(os.path.basename(word) == b"horovodrun" for word in words):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except OSError:
-                    pass
-                return
-            pid = parent
+                pass
 
     def _guard_daemon(self):
         if self.launcher not in OPEN_MPI_DAEMONS or os.getppid() != self.ppid:
             return
+        clients = [f"{pid}:{start}" for pid, start in _ssh_children(self.ppid)]
         try:
             subprocess.Popen([sys.executable, "-c", GUARD, str(self.ppid), _start_time(self.ppid),
-                              str(DAEMON_GRACE_S)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              str(DAEMON_GRACE_S), *clients], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         except OSError:
             pass

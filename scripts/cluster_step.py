@@ -45,9 +45,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    reason = cluster.unavailable_reason()
-    if reason:
-        print(f"error: cannot make namespace hosts: {reason}", file=sys.stderr)
+    missing = cluster.missing_tools()
+    if os.geteuid() != 0 or missing:
+        print(f"error: namespace hosts need root and {', '.join(sorted(set(cluster.TOOLS.values())))}; "
+              f"missing: {', '.join(missing) or 'root'}", file=sys.stderr)
         return 2
     from runtime.config import load_config
     config = load_config("config_small")

@@ -20,10 +20,18 @@ GPU=${GPU:-0}
 
 say() { printf '[setup] %s\n' "$*"; }
 
+# 0. A Python the pinned TensorFlow has wheels for, before anything is installed.
+if ! "$PY" -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
+    found=$("$PY" -c 'import platform; print("Python " + platform.python_version())' 2>/dev/null || echo "no $PY")
+    echo "setup: $found is not supported: tensorflow-cpu $(sed -n 's/^tensorflow-cpu==//p' requirements.txt) has wheels for Python 3.10-3.13; run PYTHON=python3.12 make setup (or another of those)" >&2
+    exit 2
+fi
+
 # 1. System packages. Horovod's MPI controller needs the Open MPI headers and
-#    mpirun; its build needs cmake and a C++ compiler.
+#    mpirun; its build needs cmake and a C++ compiler. The tests' namespace
+#    hosts (tests/cluster.py) need iproute2, util-linux's unshare and OpenSSH.
 missing=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++; do
+for pkg in openmpi-bin libopenmpi-dev cmake g++ iproute2 util-linux openssh-server openssh-client; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -123,7 +131,9 @@ if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then
     read -r -a tf_flags <<<"$("$VENV/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
     for source in "$kernels"/*.cc; do
         say "compiling $source ${arch[*]}"
-        g++ -std=c++17 -shared -fPIC -O3 "${arch[@]}" "$source" -o "${source%.cc}.so.tmp" "${tf_flags[@]}"
+        # TensorFlow's own headers warn of their deprecated names by the screenful.
+        g++ -std=c++17 -shared -fPIC -O3 -Wno-deprecated-declarations "${arch[@]}" "$source" \
+            -o "${source%.cc}.so.tmp" "${tf_flags[@]}"
         mv "${source%.cc}.so.tmp" "${source%.cc}.so"
     done
     rm -f "$kernels"/.built-*

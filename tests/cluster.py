@@ -1,14 +1,18 @@
 """Hosts made of Linux network namespaces, for multi-host tests on one machine.
 
     switch namespace: bridge br0
-       |-- veth -- host1 namespace: eth0 10.213.0.1, hostname host1
-       |-- veth -- host2 namespace: eth0 10.213.0.2, hostname host2
+       |-- veth -- host1 namespace: eth0 10.213.0.1, sshd, hostname host1
+       |-- veth -- host2 namespace: eth0 10.213.0.2, sshd, hostname host2
 
-Each host has its own address, its own UTS hostname (through `unshare --uts`),
-an /etc/hosts naming every host (`ip netns exec` bind-mounts
-/etc/netns/NS/hosts over it) and its own Open MPI session directory. A
-stand-in for ssh, first on PATH, runs a command inside the named host, so
-mpirun and horovodrun start remote ranks exactly as they would over ssh.
+Each host runs a real OpenSSH server on its own address, in a UTS namespace
+of its own with its own host name (the same name on every host, with
+`names`, as cloned VMs have), an /etc/hosts naming every host (`ip netns
+exec` bind-mounts /etc/netns/NS/hosts over it) and its own Open MPI session
+directory (sshd's SetEnv). mpirun's and horovodrun's own ssh launchers start
+the remote ranks through OpenSSH's client. The cluster's key and client
+options come in through `ssh` first on PATH, which runs /usr/bin/ssh with the
+cluster's config file (-F), so root's own ~/.ssh is never touched; as on real
+hosts, that config sets no keepalive.
 
 Faults: `cut` takes a host's port off the bridge (its carrier stays up, so the
 host notices nothing: the silence of a failed switch), `vanish` cuts it and
@@ -18,41 +22,51 @@ egress. `close` kills every process in the namespaces and removes them.
 import os
 import shutil
 import subprocess
+import time
 import uuid
 
-from runtime.launch import Launch, kill_until_gone
+from runtime.launch import Launch, describe, kill_until_gone
 
 SUBNET = "10.213.0"
 PREFIX = "lmt"
 TOKEN_LEN = 4
 # One file per live cluster, named by its token, holding the pid that made it.
 OWNERS = "/run/lm_ptb_clusters"
+TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux", "/usr/sbin/sshd": "openssh-server",
+         "/usr/bin/ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 
-SSH_STAND_IN = """#!/bin/sh
-# ssh stand-in: ssh [options] HOST [options] COMMAND... runs COMMAND in HOST's
-# network namespace, with HOST as hostname and its own Open MPI session folder,
-# in a session of its own (remote-session, beside this file), as sshd would.
-while [ $# -gt 0 ]; do case "$1" in -[oplieFJ]) shift 2;; -*) shift;; *) break;; esac; done
-host=$1; shift
-while [ $# -gt 0 ]; do case "$1" in -[oplieFJ]) shift 2;; -[a-zA-Z]) shift;; *) break;; esac; done
-case "$host" in
-{cases}
-  *) echo "ssh: Could not resolve hostname $host: Name or service not known" >&2; exit 255;;
-esac
-export OMPI_MCA_orte_tmpdir_base="{workdir}/$host"
-mkdir -p "$OMPI_MCA_orte_tmpdir_base"
-exec ip netns exec "$ns" unshare --uts "$(dirname "$0")/remote-session" "$host" "$*"
+SSHD_CONFIG = """ListenAddress {address}
+HostKey {ssh}/host_key
+PidFile {ssh}/sshd.{host}.pid
+AuthorizedKeysFile {ssh}/authorized_keys
+# The key files live under /tmp, which StrictModes would refuse.
+StrictModes no
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PrintMotd no
+LogLevel ERROR
+SetEnv OMPI_MCA_orte_tmpdir_base={workdir}/{host}
+# A session whose client is cut off ends after 3 unanswered probes; without
+# them it would wait for TCP's own keepalive, two hours by default.
+ClientAliveInterval 3
+ClientAliveCountMax 3
 """
 
-# A stopped process that loses its ssh connection gets SIGHUP and SIGCONT from
-# the kernel (its process group is orphaned when sshd's session ends); a
-# launcher that SIGTERMs its ssh client relies on that.
-REMOTE_SESSION = """#!/bin/sh
-hostname "$1" || exit 255
-setsid sh -c "$2" <&0 &
-session=$!
-trap 'kill -HUP -$session 2>/dev/null; kill -CONT -$session 2>/dev/null; exit 255' TERM HUP INT
-wait $session
+SSH_CONFIG = """Host *
+  User root
+  IdentityFile {ssh}/id_ed25519
+  IdentitiesOnly yes
+  BatchMode yes
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  LogLevel ERROR
+"""
+
+SSH = """#!/bin/sh
+# OpenSSH's own client, with the test cluster's key and host options.
+exec /usr/bin/ssh -F {ssh}/config "$@"
 """
 
 
@@ -60,14 +74,9 @@ def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
-def unavailable_reason():
-    """Why namespaces cannot be made here, or None."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "tc", "unshare"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed (iproute2, util-linux)"
-    return None
+def missing_tools():
+    """The Debian packages that namespace hosts need and this machine lacks."""
+    return sorted({package for tool, package in TOOLS.items() if not shutil.which(tool)})
 
 
 def _owner_alive(token):
@@ -101,21 +110,28 @@ def _kill_namespace(name):
 
 
 class Cluster:
-    def __init__(self, hosts, workdir):
+    """`hosts` namespace hosts, host1, host2, ...; `names` gives their UTS host names
+    (by default their own)."""
+
+    def __init__(self, hosts, workdir, names=None):
         self.token = uuid.uuid4().hex[:TOKEN_LEN]
         os.makedirs(OWNERS, exist_ok=True)
         with open(os.path.join(OWNERS, self.token), "w") as f:
             f.write(str(os.getpid()))
         self.hosts = [f"host{i + 1}" for i in range(hosts)]
+        self.names = dict(zip(self.hosts, names or self.hosts))
         self.workdir = str(workdir)
         self.switch = f"{PREFIX}{self.token}sw"
         self.namespaces = {host: f"{PREFIX}{self.token}{host}" for host in self.hosts}
         self.addresses = {host: f"{SUBNET}.{i + 1}" for i, host in enumerate(self.hosts)}
         self.ports = {host: f"{PREFIX}{self.token}p{i + 1}" for i, host in enumerate(self.hosts)}
         self.bin = os.path.join(self.workdir, "bin")
+        self.ssh = os.path.join(self.workdir, "ssh")
+        self.sshd = {}  # host -> its listening sshd (a Popen)
         self.launches = []
         try:
             self._build()
+            self._start_ssh()
         except BaseException:
             self.close()
             raise
@@ -142,17 +158,47 @@ class Cluster:
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 f.write(hosts_file)
             os.makedirs(os.path.join(self.workdir, host), exist_ok=True)
-        os.makedirs(self.bin, exist_ok=True)
-        cases = "\n".join(f"  {host}) ns={ns};;" for host, ns in self.namespaces.items())
-        for name, text in (("ssh", SSH_STAND_IN.format(cases=cases, workdir=self.workdir)),
-                           ("remote-session", REMOTE_SESSION)):
-            path = os.path.join(self.bin, name)
+
+    def _start_ssh(self):
+        """A key pair for root and one for the hosts, then an sshd in every host."""
+        os.makedirs(self.ssh)
+        os.makedirs(self.bin)
+        for key in ("id_ed25519", "host_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(self.ssh, key)],
+                           check=True, capture_output=True)
+        shutil.copy(os.path.join(self.ssh, "id_ed25519.pub"), os.path.join(self.ssh, "authorized_keys"))
+        files = {os.path.join(self.ssh, "config"): SSH_CONFIG, os.path.join(self.bin, "ssh"): SSH}
+        for path, text in files.items():
             with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, 0o755)
+                f.write(text.format(ssh=self.ssh))
+        os.chmod(os.path.join(self.bin, "ssh"), 0o755)
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation folder
+        for host in self.hosts:
+            config = os.path.join(self.ssh, f"sshd_config.{host}")
+            with open(config, "w") as f:
+                f.write(SSHD_CONFIG.format(address=self.addresses[host], ssh=self.ssh, host=host,
+                                           workdir=self.workdir))
+            with open(os.path.join(self.ssh, f"sshd.{host}.log"), "w") as log:
+                self.sshd[host] = subprocess.Popen(
+                    [*self._inside(host), "/usr/sbin/sshd", "-D", "-e", "-f", config],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 20
+        for host in self.hosts:
+            pid_file = os.path.join(self.ssh, f"sshd.{host}.pid")
+            while not os.path.exists(pid_file):  # written once it listens
+                if self.sshd[host].poll() is not None or time.monotonic() > deadline:
+                    with open(os.path.join(self.ssh, f"sshd.{host}.log")) as f:
+                        raise RuntimeError(f"sshd on {host} did not start: {f.read()[-2000:]}")
+                time.sleep(0.05)
+
+    def _inside(self, host):
+        """The command prefix that runs a command in `host`: its network, and a UTS
+        namespace of its own named as the host is."""
+        return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.names[host]]
 
     def env(self, host, base=None):
-        """The environment of a command started on `host`: the stand-in ssh first on PATH.
+        """The environment of a command started on `host`: the cluster's ssh first on PATH.
 
         The hosts share this machine's cores, so MPI ranks that wait yield the
         core instead of spinning on it (mpirun hands OMPI_MCA_* on to every rank).
@@ -165,9 +211,7 @@ class Cluster:
 
     def start(self, host, cmd, env=None, cwd=None):
         """Starts cmd on `host` as a tagged Launch (see runtime/launch.py)."""
-        wrapped = ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
-                   'hostname "$0" && exec "$@"', host, *[str(c) for c in cmd]]
-        launch = Launch(wrapped, env=self.env(host, env), cwd=cwd,
+        launch = Launch([*self._inside(host), *[str(c) for c in cmd]], env=self.env(host, env), cwd=cwd,
                         workdir=os.path.join(self.workdir, f"launch{len(self.launches)}"))
         self.launches.append(launch)
         return launch
@@ -191,13 +235,25 @@ class Cluster:
                             "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
 
     def pids(self, host=None):
-        """The processes alive in one host, or in all of them."""
+        """The processes alive in one host, or in all of them, but for the listening sshd."""
         hosts = [host] if host else self.hosts
-        return [pid for h in hosts for pid in _namespace_pids(self.namespaces[h])]
+        servers = {server.pid for server in self.sshd.values()}
+        return [pid for h in hosts for pid in _namespace_pids(self.namespaces[h]) if pid not in servers]
+
+    def left_after(self, seconds=10):
+        """The processes still alive in the hosts (described) after up to `seconds`: a
+        far daemon or a rank's sentinel ends a moment after the launcher."""
+        deadline = time.monotonic() + seconds
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return [describe(pid) for pid in self.pids()]
 
     def close(self):
         for launch in self.launches:
             launch.finish(0, linger_s=0)
+        for server in self.sshd.values():
+            server.kill()
+            server.wait()
         for ns in [*self.namespaces.values(), self.switch]:
             _kill_namespace(ns)
             _ip("netns", "delete", ns, check=False)

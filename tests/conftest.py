@@ -33,19 +33,33 @@ CLUSTER_MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none
 
 
 @pytest.fixture
-def cluster():
-    """Two namespace hosts, host1 and host2 (tests/cluster.py), removed after the test."""
-    reason = cluster_lib.unavailable_reason()
-    if reason:
-        pytest.skip(f"no namespace hosts: {reason}")
+def make_cluster():
+    """make_cluster(hosts=2, names=None): namespace hosts (tests/cluster.py), removed after
+    the test. They need root; as root, a missing tool fails the test, never skips it."""
+    if os.geteuid() != 0:
+        pytest.skip("namespace hosts need root")
+    missing = cluster_lib.missing_tools()
+    assert not missing, f"namespace hosts need {', '.join(missing)}: make setup installs them"
     cluster_lib.remove_stale()
-    # A short path: Open MPI's session folders must fit a socket path.
-    hosts = cluster_lib.Cluster(2, tempfile.mkdtemp(prefix="cl.", dir="/tmp"))
+    made = []
+
+    def make(hosts=2, names=None):
+        # A short path: Open MPI's session folders must fit a socket path.
+        made.append(cluster_lib.Cluster(hosts, tempfile.mkdtemp(prefix="cl.", dir="/tmp"), names))
+        return made[-1]
+
     try:
-        yield hosts
+        yield make
     finally:
-        hosts.close()
-        shutil.rmtree(hosts.workdir, ignore_errors=True)
+        for hosts in made:
+            hosts.close()
+            shutil.rmtree(hosts.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    """Two namespace hosts, host1 and host2."""
+    return make_cluster()
 
 
 @pytest.fixture(scope="session")

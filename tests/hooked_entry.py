@@ -1,6 +1,6 @@
 """The tests' entry point: lm_ptb.py's or lm_ptb_distributed.py's own main, with test callbacks.
 
-    python tests/hooked_entry.py [--fault rank=R,epoch=E,step=S,mode=MODE] [--record_steps DIR] \
+    python tests/hooked_entry.py [--fault rank=R,epoch=E,step=S,mode=MODE ...] [--record_steps DIR] \
         lm_ptb.py|lm_ptb_distributed.py ARGS...
 
 ARGS go to the script's main unchanged; the callbacks are tests/hooks.py's.
@@ -29,16 +29,16 @@ def fault_spec(text):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Run an entry script's main with the tests' step callbacks.",
                                      allow_abbrev=False)
-    parser.add_argument("--fault", type=fault_spec, metavar=f"rank=R,epoch=E,step=S,mode={'|'.join(hooks.MODES)}",
-                        help="fail on rank R just before step S of epoch E (0-based)")
+    parser.add_argument("--fault", type=fault_spec, action="append", default=[],
+                        metavar=f"rank=R,epoch=E,step=S,mode={'|'.join(hooks.MODES)}[,at=step|evaluation]",
+                        help="fail on rank R just before step S of epoch E (0-based), or as the validation "
+                             "after epoch E starts; repeatable (tests/hooks.py)")
     parser.add_argument("--record_steps", metavar="DIR",
                         help="append each step's epoch, step, global loss and rank to DIR/steps.<pid>.jsonl")
     parser.add_argument("script", choices=SCRIPTS)
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     options = parser.parse_args(argv)
-    callbacks = []
-    if options.fault:
-        callbacks.append(hooks.Fault(**options.fault))
+    callbacks = [hooks.Fault(**fault) for fault in options.fault]
     if options.record_steps:
         callbacks.append(hooks.StepRecorder(options.record_steps))
     script = importlib.import_module(options.script[:-len(".py")])

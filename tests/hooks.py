@@ -2,9 +2,13 @@
 
 Fault injection, in the spirit of Horovod's elastic tests: the spec
 "rank=1,epoch=1,step=5,mode=kill" makes rank 1 fail at the start of step 5
-of epoch 1 (both 0-based). Modes: exception (raises), kill (SIGKILL to
-itself), term (SIGTERM to itself, the graceful path), hang (blocks for ever
-in a read that nothing answers, alive but stuck).
+of epoch 1 (both 0-based); with "at=evaluation" it fails as the validation
+after epoch 1 starts instead (after the watchdog has announced it). Modes:
+exception (raises), kill (SIGKILL to itself), term (SIGTERM to itself, the
+graceful path), hang (blocks for ever in a read that nothing answers, alive
+but stuck), pause (writes "fault point: rank R paused ...", then waits until
+the file named by release=PATH exists: the test strikes at that named point,
+then lets the rank go on).
 
 Step recording: every process appends one JSON line per step it takes,
 {"epoch", "step", "loss", "rank"}, to DIR/steps.<pid>.jsonl, written whole
@@ -22,7 +26,8 @@ import time
 
 from runtime.callbacks import StepCallback
 
-MODES = ("exception", "kill", "term", "hang")
+MODES = ("exception", "kill", "term", "hang", "pause")
+POINTS = ("step", "evaluation")
 
 
 class FaultInjectedError(RuntimeError):
@@ -30,26 +35,32 @@ class FaultInjectedError(RuntimeError):
 
 
 def parse_fault(spec):
-    """{"rank", "epoch", "step", "mode"} of "rank=R,epoch=E,step=S,mode=MODE"; raises ValueError."""
+    """{"rank", "epoch", "step", "mode", "at", "release"} of
+    "rank=R,epoch=E,step=S,mode=MODE[,at=step|evaluation][,release=PATH]"; raises ValueError."""
     fields = {}
     for part in spec.split(","):
         key, _, value = part.partition("=")
         fields[key.strip()] = value.strip()
     try:
         fault = {"rank": int(fields.pop("rank", 0)), "epoch": int(fields.pop("epoch", 0)),
-                 "step": int(fields.pop("step", 0)), "mode": fields.pop("mode", "exception")}
+                 "step": int(fields.pop("step", 0)), "mode": fields.pop("mode", "exception"),
+                 "at": fields.pop("at", "step"), "release": fields.pop("release", "")}
     except ValueError:
         raise ValueError(f"--fault {spec!r}: rank, epoch and step must be integers") from None
-    if fields or fault["mode"] not in MODES:
-        raise ValueError(f"--fault {spec!r}: use rank=R,epoch=E,step=S,mode={'|'.join(MODES)}")
+    if fields or fault["mode"] not in MODES or fault["at"] not in POINTS or \
+            (fault["mode"] == "pause") != bool(fault["release"]):
+        raise ValueError(f"--fault {spec!r}: use rank=R,epoch=E,step=S,mode={'|'.join(MODES)}"
+                         f"[,at={'|'.join(POINTS)}], with release=PATH for mode=pause alone")
     return fault
 
 
 class Fault(StepCallback):
-    """Fails as `mode` says once, on `rank`, just before step `step` of `epoch`."""
+    """Fails as `mode` says once, on `rank`, just before step `step` of `epoch`,
+    or (at="evaluation") as the validation after `epoch` starts."""
 
-    def __init__(self, rank, epoch, step, mode):
+    def __init__(self, rank, epoch, step, mode, at="step", release=""):
         self.rank, self.epoch, self.step, self.mode = rank, epoch, step, mode
+        self.at, self.release = at, release
         self.armed = False
         self.fired = False
 
@@ -58,13 +69,21 @@ class Fault(StepCallback):
         self.armed = rank == self.rank
 
     def before_step(self, epoch, step):
-        if not self.armed or self.fired or (epoch, step) != (self.epoch, self.step):
+        if self.at == "step" and (epoch, step) == (self.epoch, self.step):
+            self._fire(f"epoch {epoch} step {step}")
+
+    def before_evaluation(self, split, epoch):
+        if self.at == "evaluation" and (split, epoch) == ("valid", self.epoch):
+            self._fire(f"the validation after epoch {epoch}")
+
+    def _fire(self, where):
+        if not self.armed or self.fired:
             return
         self.fired = True
         # The failure tests time the job's exit from this line, written whole
         # so that no other rank's output splits it.
-        sys.stderr.write(f"fault injection: rank {self.rank} {self.mode} at epoch {epoch} step {step} "
-                         f"(unix time {time.time():.3f})\n")
+        verb = "paused" if self.mode == "pause" else self.mode
+        sys.stderr.write(f"fault injection: rank {self.rank} {verb} at {where} (unix time {time.time():.3f})\n")
         sys.stderr.flush()
         if self.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -73,8 +92,11 @@ class Fault(StepCallback):
         elif self.mode == "hang":
             read_end, _ = os.pipe()
             os.read(read_end, 1)
+        elif self.mode == "pause":
+            while not os.path.exists(self.release):
+                time.sleep(0.05)
         else:
-            raise FaultInjectedError(f"injected fault at epoch {epoch} step {step} on rank {self.rank}")
+            raise FaultInjectedError(f"injected fault at {where} on rank {self.rank}")
 
 
 class StepRecorder(StepCallback):

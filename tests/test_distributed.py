@@ -84,9 +84,27 @@ def single_run(tmp_path_factory, synthetic_corpus):
     return out
 
 
+def _tape_collectives(timeline):
+    """{"allreduce": n, "allgather": n}: the gradients that hvd.DistributedGradientTape
+    sent in rank 0's Horovod timeline, by collective (an allgather sends a sparse
+    gradient's values and its indices)."""
+    text = timeline.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
+    tape = [name.rsplit("/", 1)[-1] for name in names if name.startswith("DistributedGradientTape")]
+    return {kind: sum(name.startswith(f"Horovod{kind.capitalize()}") for name in tape)
+            for kind in ("allreduce", "allgather")}
+
+
+def _with_timeline(tmp_path):
+    """mpirun's environment and flags that make rank 0 write tmp_path/timeline.json."""
+    return {"HOROVOD_TIMELINE": str(tmp_path / "timeline.json")}, ["-x", "HOROVOD_TIMELINE"]
+
+
 def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
-    result = mpirun(2, _args(data, tmp_path), hooks=_recorded(tmp_path))
+    env, flags = _with_timeline(tmp_path)
+    result = mpirun(2, _args(data, tmp_path), hooks=_recorded(tmp_path), env=env, extra_mpi=flags)
     assert result.returncode == 0, result.stderr
     multi = _assert_same_training(single_run, tmp_path)
     assert multi["world_size"] == 2 and multi["global_batch_size"] == 20
@@ -100,6 +118,8 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
     assert multi["weights_digest_per_rank"][0] == multi["weights_digest_per_rank"][1]
     # The defaults: rank 0 scores every validation token alone, gradients stay sparse.
     assert multi["eval_mode"] == "chief" and multi["sparse_as_dense"] is False
+    # The embedding's sparse gradient is allgathered (values and indices), the other 8 allreduced.
+    assert _tape_collectives(tmp_path / "timeline.json") == {"allreduce": 8, "allgather": 2}
     assert multi["eval_tokens_per_rank"] == [_valid_tokens(data), 0]
     assert _results(single_run)["eval_tokens_per_rank"] == [_valid_tokens(data)]
 
@@ -136,8 +156,9 @@ def test_distributed_evaluation_and_dense_gradients_give_the_same_training(tmp_p
     """--eval_mode distributed and --sparse_as_dense in one launch: each changes how
     the ranks share work, neither what they compute."""
     data, _ = synthetic_corpus
+    env, flags = _with_timeline(tmp_path)
     result = mpirun(2, [*_args(data, tmp_path), "--eval_mode", "distributed", "--sparse_as_dense"],
-                    hooks=_recorded(tmp_path))
+                    hooks=_recorded(tmp_path), env=env, extra_mpi=flags)
     assert result.returncode == 0, result.stderr
     multi = _assert_same_training(single_run, tmp_path)
     # Summed in another order than rank 0 alone: equal to float64 rounding.
@@ -146,8 +167,9 @@ def test_distributed_evaluation_and_dense_gradients_give_the_same_training(tmp_p
     tokens = _valid_tokens(data)
     assert multi["eval_mode"] == "distributed"
     assert multi["eval_tokens_per_rank"] == [tokens // 2, tokens // 2]
-    # The flag reached the context that builds hvd.DistributedGradientTape.
+    # The embedding's gradient too was allreduced as a dense tensor: nothing was allgathered.
     assert multi["sparse_as_dense"] is True
+    assert _tape_collectives(tmp_path / "timeline.json") == {"allreduce": 9, "allgather": 0}
 
 
 @pytest.mark.parametrize("mode, scale", [("linear", 2.0), ("sqrt", 2 ** 0.5), ("none", 1.0), ("auto", 2.0)])

@@ -20,7 +20,6 @@ import pytest
 
 from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
 from hooks import losses_by_rank, recorded_steps, taken
-from runtime.launch import describe
 from test_network_faults import rank_pid, record
 
 STEPS = 150
@@ -67,10 +66,7 @@ def wait_for(launch, pattern, count=1, seconds=150):
 def finish(cluster, launch, seconds=240):
     """Waits for the launch to end by itself; no process may outlive it on the hosts."""
     ended = launch.wait(seconds)
-    settle = time.monotonic() + 10  # the far host's shells end a moment after horovodrun
-    while ended and cluster.pids() and time.monotonic() < settle:
-        time.sleep(0.2)
-    left = [describe(pid) for pid in cluster.pids()]
+    left = cluster.left_after(10 if ended else 0)
     outcome = launch.finish(0, linger_s=0)
     assert ended, f"still running {seconds} s on:\n{outcome.stdout[-3000:]}\n{outcome.stderr[-3000:]}"
     assert not left, f"left on the hosts: {left}"
@@ -178,9 +174,14 @@ def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert [size for size, _, _ in worlds(outcome.stdout)] == [2, 1]
-    phrase = "this host is the one cut off" if case == "cut" else "is alive but has made no progress"
-    line = next(line for line in outcome.stderr.splitlines() if phrase in line)
-    assert "This worker leaves (--hang_timeout 15); the others go on without it" in line
+    if case == "cut":
+        # host2's own line ("... this host is the one cut off. This worker leaves") goes
+        # down with its link; host1's rank ended horovodrun's ssh session to host2.
+        line = "(host2's line is lost with its link)"
+        assert not any(line.startswith("error") for line in outcome.stderr.splitlines()), outcome.stderr[-3000:]
+    else:
+        line = next(line for line in outcome.stderr.splitlines() if "is alive but has made no progress" in line)
+        assert "This worker leaves (--hang_timeout 15); the others go on without it" in line
     record(f"elastic: {'link cut' if case == 'cut' else 'rank stuck in a read'}, world goes on", "horovodrun elastic",
            recovered, outcome.returncode, line.split(">:", 1)[-1], 0, "(not needed)")
     assert recovered < 60
@@ -261,25 +262,26 @@ def test_a_host_that_keeps_failing_ends_the_job_at_the_reset_limit(cluster, synt
     assert step % COMMIT == 0
 
 
-def test_a_frozen_rank_ends_the_elastic_job_instead_of_hanging(cluster, synthetic_corpus, tmp_path):
-    """A SIGSTOPped worker never exits, so Horovod would wait for it for ever:
-    the survivor on horovodrun's host ends the job after --hang_timeout."""
+@pytest.mark.parametrize("host", ["host2", "host1"])
+def test_a_frozen_rank_is_ended_and_the_job_goes_on(host, cluster, synthetic_corpus, tmp_path):
+    """A SIGSTOPped worker cannot leave, and Horovod re-forms the world only around a
+    worker that exits: its sentinel ends it after --hang_timeout, on horovodrun's own
+    host too, and the other worker trains on alone."""
     out = tmp_path / "elastic"
     launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
     wait_for(launch, r"0\.100 perplexity")
-    os.kill(rank_pid(cluster, "host2"), signal.SIGSTOP)
+    os.kill(rank_pid(cluster, host), signal.SIGSTOP)
     struck = time.monotonic()
-    outcome = finish(cluster, launch, 150)
+    wait_for(launch, WORLD.pattern, count=2, seconds=120)
     seconds = time.monotonic() - struck
-    # horovodrun exits 1, or 0 when both workers' exits reach its driver before
-    # its own shutdown: Horovod 0.28.1 ends a world whose every worker failed
-    # without a result (RELIABILITY.md). The error line is what tells.
-    assert outcome.returncode in (0, 1), outcome.stdout[-3000:] + outcome.stderr[-3000:]
-    line = next((line for line in outcome.stderr.splitlines() if "re-forming the world has waited" in line), None)
-    assert line and re.search(r"for rank \d on host2, which went silent without exiting", line), outcome.stderr[-3000:]
-    record("elastic: rank frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,
-           line.split(">:", 1)[-1], 0, "loads")
-    checkpoint_position(latest_checkpoint(out))
+    outcome = finish(cluster, launch)
+    assert outcome.returncode == 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
+    assert [size for size, _, _ in worlds(outcome.stdout)] == [2, 1]
+    # No sooner than the timeout: a stopped process may be a debugger's.
+    assert 15 <= seconds < 15 + 30, seconds
+    record(f"elastic: the rank on {host} frozen (SIGSTOP)", "horovodrun elastic", seconds, outcome.returncode,
+           "(none: the world re-forms without it)", 0, "")
+    assert json.loads((out / "results.json").read_text())["epochs"] == 2
 
 
 def test_a_stuck_rank_in_a_world_of_one_leaves_and_the_job_ends(cluster, synthetic_corpus, tmp_path):

@@ -21,3 +21,23 @@ def test_horovodrun_check_build_lists_the_frameworks():
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=100).stdout
     for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
         assert line in out, out
+
+
+@pytest.mark.parametrize("version", ["3.9.18", "3.14.0"])
+def test_setup_refuses_a_python_the_pins_have_no_wheels_for(version, tmp_path):
+    """One line naming the supported Pythons, exit 2, before anything is installed."""
+    major, minor, micro = (int(part) for part in version.split("."))
+    fake = tmp_path / "python"
+    # The real interpreter, telling scripts/setup.sh's checks that it is `version`.
+    prelude = (f"import sys, platform; sys.version_info = ({major}, {minor}, {micro}, 'final', 0); "
+               f"platform.python_version = lambda: {version!r}; exec(sys.argv[1])")
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] || exit 99\nexec {PYTHON} -c "{prelude}" "$2"\n')
+    fake.chmod(0o755)
+    setup = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "setup.sh")
+    proc = subprocess.run(["bash", setup], env=dict(os.environ, PYTHON=str(fake)), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"setup: Python {version} is not supported: tensorflow-cpu 2.15.1 has wheels for Python 3.10-3.13; "
+        "run PYTHON=python3.12 make setup (or another of those)"]

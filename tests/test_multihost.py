@@ -20,7 +20,7 @@ def train(corpus, out, *extra):
 def run(cluster, cmd):
     outcome = cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(240)
     assert not outcome.timed_out and outcome.returncode == 0, outcome.stderr[-3000:]
-    assert outcome.left_behind == [] and cluster.pids() == []
+    assert outcome.left_behind == [] and cluster.left_after(10) == []
     return outcome
 
 

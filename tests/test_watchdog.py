@@ -8,7 +8,8 @@ import pytest
 from runtime import cli
 from runtime.watchdog import TRACING_FACTOR, Watchdog
 
-FAR = {"rank": 1, "host": "host2", "port": 9, "addresses": ["10.0.0.2", "10.0.1.2"]}
+FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
+       "addresses": ["10.0.0.2", "10.0.1.2"]}
 
 
 def two_rank_view(rank=0, timeout=20.0):
@@ -29,8 +30,17 @@ def test_the_far_rank_is_reached_at_every_address_and_a_near_one_on_loopback():
     dog = two_rank_view()
     assert dog.peers == {1: ("host2", [("10.0.0.2", 9), ("10.0.1.2", 9)])}
     near = Watchdog(0, 20)
-    near.exchange([near.card(), dict(FAR, host=near.host)])
-    assert near.peers == {1: (near.host, [("127.0.0.1", 9)])}
+    near.exchange([near.card(), dict(FAR, host="host2", machine=near.machine)])
+    assert near.peers == {1: ("host2", [("127.0.0.1", 9)])}
+
+
+def test_a_far_rank_with_this_hosts_name_is_still_reached_at_its_addresses():
+    """Cloned VMs, or containers started with one --hostname, share a host name and not
+    a loopback: only the same boot and network namespace mean the same machine."""
+    dog = Watchdog(0, 20)
+    dog.exchange([dog.card(), dict(FAR, host=dog.host)])
+    assert dog.peers == {1: (dog.host, [("10.0.0.2", 9), ("10.0.1.2", 9)])}
+    assert dog.machine.split("/")[0] != "" and dog.machine == Watchdog(1, 20).machine
 
 
 def test_a_silent_rank_is_named_with_its_phase_after_the_timeout():
@@ -171,6 +181,17 @@ def test_elastic_a_rank_that_reaches_the_driver_waits_for_the_world_to_re_form(d
         "horovodrun's driver waits for its exit: end that process, or let the discovery script drop its host", 0)
 
 
+def test_elastic_the_driver_is_reached_without_holding_the_watchdogs_lock(monkeypatch):
+    """Reaching the driver may take seconds; meanwhile heartbeats and the loop's phases go on."""
+    from runtime import watchdog
+    dog = elastic_view()
+    dog.heard[0] = dog.moved[0] = 1030.0
+    held = []
+    monkeypatch.setattr(watchdog, "driver_reachable", lambda: held.append(dog.lock.locked()) or True)
+    assert dog.verdict(now=1030.0) is None
+    assert held == [False] and dog.waiting_for == "rank 1 on host2"
+
+
 def test_elastic_re_forming_may_wait_long_for_hosts_when_no_peer_went_silent(driver):
     dog = elastic_view()
     dog.heard[1] = time.monotonic() - 2  # a peer that died a heartbeat ago ends the collective at once
@@ -235,3 +256,14 @@ def test_elastic_a_world_of_one_judges_its_own_progress_and_its_exit_ends_the_wo
         "and no rank has moved for 21 s (a hung read or a deadlock)", 0)
     assert dog.outcome() == ("This worker leaves (--hang_timeout 20), the last of its world: horovodrun waits "
                              "for a host to join until its --start-timeout, then ends the job")
+
+
+@pytest.mark.parametrize("words,host", [
+    (["/usr/bin/ssh", "-F", "/tmp/cfg", "-x", "host2", "orted", "-mca", "ess", "env"], "host2"),
+    (["ssh", "-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no", "root@host2", "-p", "22",
+      "cd /work"], "host2"),
+    (["ssh", "-p22", "-tt", "10.0.0.2", "true"], "10.0.0.2"),
+])
+def test_the_host_of_an_ssh_command_line(words, host):
+    from runtime.watchdog import _ssh_host
+    assert _ssh_host(words) == host

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# README's two commands on a fresh Debian 13 (trixie), with Debian's own Python 3.13:
+#
+#     scripts/fresh_debian13.sh [DIR]      # as root; DIR defaults to /tmp/lm_ptb_trixie
+#
+# Debootstraps a minimal Debian 13 into DIR (a second run reuses it), copies
+# this checkout's committed files into DIR/work/lm_ptb, and runs `make demo`
+# and `make test` there in a chroot, as a new user of that system would.
+# PTB_DIR, when set, is copied in as the real PTB for the test that reads it.
+# Needs root (debootstrap, chroot, mounts) and debootstrap (installed if missing).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+root=${1:-/tmp/lm_ptb_trixie}
+
+[ "$(id -u)" = 0 ] || { echo "fresh_debian13: run it as root (debootstrap, chroot and mounts need it)" >&2; exit 2; }
+command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+
+if [ ! -x "$root/usr/bin/python3" ]; then
+    rm -rf "$root.tmp"
+    debootstrap --variant=minbase --include=ca-certificates,git,make,python3,python3-venv,python3-dev \
+        trixie "$root.tmp" http://deb.debian.org/debian
+    mv "$root.tmp" "$root"
+fi
+# This machine's certificates and resolver: pip and apt inside must reach their mirrors as they do here.
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+mounted=()
+cleanup() {
+    for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+mount -t proc proc "$root/proc" && mounted+=("$root/proc")
+for dir in sys dev dev/pts run; do
+    mkdir -p "$root/$dir"
+    mount --bind "/$dir" "$root/$dir" && mounted+=("$root/$dir")
+done
+
+rm -rf "$root/work/lm_ptb" && mkdir -p "$root/work"
+git -C "$here" archive --prefix=lm_ptb/ HEAD | tar -x -C "$root/work"
+if [ -n "${PTB_DIR:-}" ]; then
+    mkdir -p "$root/work/shared/data" && cp -r "$PTB_DIR" "$root/work/shared/data/ptb"
+fi
+chroot "$root" /bin/bash -c 'cd /work/lm_ptb && python3 --version && make demo && make test'
