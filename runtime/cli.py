@@ -262,6 +262,9 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
         # One failing rank shuts Horovod down under the others: they say so in
         # one line and leave the traceback to the rank that failed. Gloo's own
         # timeout shuts it down too, and then the watchdog knows why.
+        if isinstance(err, context.ChiefFailed):
+            _error_line(f"error (rank {ctx.rank}): {err}")
+            return ERROR_EXIT
         if "Horovod has been shut down" in str(err):
             report = ctx.hang_report()
             if report:

@@ -16,6 +16,11 @@ from runtime.watchdog import Watchdog
 log = logging.getLogger("lm_ptb")
 
 
+class ChiefFailed(RuntimeError):
+    """Rank 0 failed while working alone (runtime/context.py run_on_chief); its own
+    error is in its log, and the other ranks only follow it out."""
+
+
 def heartbeat_seconds(hang_timeout=0.0):
     """While rank 0 evaluates alone, the other ranks wait in a chain of tiny
     broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s) and
@@ -204,7 +209,7 @@ class HorovodContext(LocalContext):
                 if status == 1.0:
                     return self.broadcast_object(None, name="chief_result")
                 if status == 2.0:
-                    raise RuntimeError("rank 0 failed while working alone; see its log")
+                    raise ChiefFailed("stopping because rank 0 failed while working alone; its error is above")
         done = threading.Event()
 
         def heartbeat():

@@ -123,3 +123,29 @@ def test_bad_input_two_ranks(case, bad, synthetic_corpus, tmp_path):
     record(f"{case} (mpirun -np 2)", ["mpirun", "-np", "2", "python", "lm_ptb_distributed.py", *args],
            proc, seconds)
     assert_one_clean_error(proc, code, *phrases)
+
+
+def test_a_rank_that_follows_rank_0s_failure_out_says_so_in_one_line(synthetic_corpus, tmp_path, capsys, monkeypatch):
+    """Rank 0 failed inside run_on_chief (its traceback is its own): the others leave
+    with one line and no traceback."""
+    class RankOne(context.LocalContext):
+        distributed, rank, is_chief = True, 1, False
+
+    class Waiting:
+        """rank 0's side of the rendezvous: it reports the failure (status 2)."""
+        @staticmethod
+        def broadcast(message, root_rank, name):
+            return 2.0
+
+    def train(config, data, ctx, options, callbacks):
+        return context.HorovodContext.run_on_chief(ctx, lambda: None)
+
+    follower = RankOne()
+    follower.hvd, follower.watchdog = Waiting(), None
+    monkeypatch.setattr(cli.trainer, "train_and_evaluate", train)
+    args = ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(tmp_path / "out")]
+    assert cli.run(cli.parse_args(args, distributed=True), follower) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error")] == [
+        "error (rank 1): stopping because rank 0 failed while working alone; its error is above"]
