@@ -275,6 +275,14 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             traceback.print_exc()
             _error_line(f"error (rank {ctx.rank}): {type(err).__name__}: {err}")
         return ERROR_EXIT
+    except KeyboardInterrupt:
+        # A SIGINT outside the training steps' handler (a download, a restore,
+        # the results' write): every file is replaced whole or not at all.
+        in_step = False
+        _error_line(f"error{f' (rank {ctx.rank})' if ctx.distributed else ''}: interrupted (SIGINT) outside a "
+                    "training step; the files on disk are whole: rerun the command, with --resume once a "
+                    "checkpoint exists")
+        return 128 + 2
     except BaseException:
         in_step = False
         raise

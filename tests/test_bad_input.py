@@ -149,3 +149,20 @@ def test_a_rank_that_follows_rank_0s_failure_out_says_so_in_one_line(synthetic_c
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error")] == [
         "error (rank 1): stopping because rank 0 failed while working alone; its error is above"]
+
+
+@pytest.mark.parametrize("where", ["load_ptb", "train_and_evaluate"])
+def test_a_sigint_outside_the_training_steps_ends_with_one_line(where, synthetic_corpus, tmp_path, capsys,
+                                                                monkeypatch):
+    """A Ctrl-C during the download, the restore or the results' write: no traceback, status 130."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.ptb_reader if where == "load_ptb" else cli.trainer, where, interrupted)
+    args = ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(tmp_path / "out")]
+    proc = in_process(args, capsys)
+    assert proc.returncode == 130
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: interrupted (SIGINT) outside a training step; the files on disk are whole: rerun the command, "
+        "with --resume once a checkpoint exists"]
