@@ -40,6 +40,22 @@ def global_lstm_state(ctx, state):
     return tf.transpose(gathered, [1, 2, 0, 3]).numpy()
 
 
+class OptimizerState(tf.Module):
+    """What a checkpoint keeps of the optimizer: its step count, rate and slots.
+
+    Not the optimizer itself: a Keras 3 optimizer also tracks the model's
+    variables, and a checkpoint would then file some weights under the
+    optimizer instead of under model/. The step count and rate keep the names
+    that TensorFlow 2.15's Keras gave them, so that its checkpoints resume.
+    """
+
+    def __init__(self, optimizer):
+        super().__init__(name="optimizer")
+        own = (optimizer.iterations, optimizer.learning_rate)
+        self._iterations, self._learning_rate = own
+        self._slots = [v for v in optimizer.variables if all(v is not o for o in own)]
+
+
 class TrainCheckpoint:
     def __init__(self, model, optimizer, output_dir, ctx, config, keep=3, seed=None):
         self.ctx = ctx
@@ -62,7 +78,7 @@ class TrainCheckpoint:
         self.best_valid = tf.Variable(np.inf, dtype=tf.float64, trainable=False)
         self.metrics = tf.Variable("[]", dtype=tf.string, trainable=False)
         without_seed = dict(
-            model=model, optimizer=optimizer, epoch=self.epoch, step=self.step,
+            model=model, optimizer=OptimizerState(optimizer), epoch=self.epoch, step=self.step,
             global_batch=self.global_batch, lstm_state=self.lstm_state, costs=self.costs,
             elapsed=self.elapsed, best_valid=self.best_valid, metrics=self.metrics)
         self.checkpoint = tf.train.Checkpoint(seed=self.seed, **without_seed)
@@ -157,7 +173,10 @@ class TrainCheckpoint:
         try:
             # Every variable of this run must come from the checkpoint: one trained
             # with another config fails here instead of resuming half-initialised.
-            (self.checkpoint if has_seed else self.seedless_checkpoint).restore(path).assert_existing_objects_matched()
+            # A TensorFlow 2.15 checkpoint also holds the momentum slots that its
+            # Keras kept for plain SGD: values nothing here reads.
+            status = (self.checkpoint if has_seed else self.seedless_checkpoint).restore(path)
+            status.assert_existing_objects_matched().expect_partial()
         except (tf.errors.OpError, ValueError, AssertionError) as err:
             raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
                                   "the --config and --set it was trained with") from None

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Idempotent install: Open MPI + build tools (Debian), .venv with the pinned
-# packages, and Horovod 0.28.1 built against the pinned TensorFlow.
+# packages, and Horovod 0.28.1 built from its source distribution with the
+# project's patches (scripts/horovod_patches/) against the pinned TensorFlow.
 # A second run checks each step and skips it in seconds.
 #
 # GPU=1 (make setup GPU=1) installs the CUDA build of the same TensorFlow,
-# tensorflow[and-cuda]==2.15.1, in place of tensorflow-cpu, and builds Horovod
+# tensorflow[and-cuda], in place of tensorflow-cpu, and builds Horovod
 # with NCCL for the GPU collectives (HOROVOD_GPU_OPERATIONS=NCCL; it needs the
 # CUDA toolkit, nvcc, under CUDA_HOME, and NCCL where Horovod's build finds it,
 # or under HOROVOD_NCCL_HOME). The project's machines have no GPU: this
@@ -31,7 +32,7 @@ fi
 #    mpirun; its build needs cmake and a C++ compiler. The tests' namespace
 #    hosts (tests/cluster.py) need iproute2, util-linux's unshare and OpenSSH.
 missing=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++ iproute2 util-linux openssh-server openssh-client; do
+for pkg in openmpi-bin libopenmpi-dev cmake g++ make patch iproute2 util-linux openssh-server openssh-client; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -77,8 +78,11 @@ else
     say "pinned packages present"
 fi
 
-# 3. Horovod, built from source against this venv's TensorFlow. pip caches the
-#    built wheel, so a fresh venv with the same TensorFlow reuses it.
+# 3. Horovod 0.28.1, from PyPI's source distribution with the project's
+#    patches (each one's first line: what breaks, and the upstream report),
+#    built against this venv's TensorFlow. The wheel is kept in the user's
+#    cache under a key of the patches, the TensorFlow and the Python, so a
+#    fresh venv or clone reuses it, as pip's own cache would an unpatched one.
 hvd_ok() {
     GPU=$GPU "$VENV/bin/python" - <<'PY' 2>/dev/null
 import os
@@ -88,27 +92,50 @@ assert hvd.mpi_built() and hvd.gloo_built(), "horovod built without MPI or Gloo"
 assert os.environ["GPU"] != "1" or hvd.nccl_built(), "horovod built without NCCL"
 PY
 }
-if [ "$GPU" = 1 ] && ! hvd_ok; then
-    cuda_home=${CUDA_HOME:-/usr/local/cuda}
-    [ -x "$cuda_home/bin/nvcc" ] || command -v nvcc >/dev/null || {
-        echo "setup: GPU=1 builds Horovod with NCCL, which needs the CUDA toolkit: no nvcc in $cuda_home/bin or on PATH; set CUDA_HOME" >&2
-        exit 1
-    }
-    say "GPU=1: building horovod==$HOROVOD_VERSION with TensorFlow, MPI, Gloo and NCCL"
-    # --no-cache-dir and --force-reinstall: a cached or installed CPU build would be taken as is.
-    HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-        "$VENV/bin/pip" install -q --no-build-isolation --no-cache-dir --force-reinstall "horovod==$HOROVOD_VERSION"
-    hvd_ok || { echo "setup: horovod installed but lacks TensorFlow, MPI, Gloo or NCCL support; see 'horovodrun --check-build'" >&2; exit 1; }
-elif ! hvd_ok; then
-    say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 2 minutes the first time)"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-        "$VENV/bin/pip" install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
-    hvd_ok || { echo "setup: horovod installed but lacks TensorFlow, MPI or Gloo support; see 'horovodrun --check-build'" >&2; exit 1; }
+patches=scripts/horovod_patches
+tf_package=tensorflow-cpu
+[ "$GPU" = 1 ] && tf_package=tensorflow
+tf_version=$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$tf_package")
+hvd_key=$( { cat "$patches"/*.patch; echo "$tf_version GPU=$GPU"; "$VENV/bin/python" -c 'import sys; print(sys.version)'; } \
+    | sha256sum | cut -c1-16)
+wheels=${XDG_CACHE_HOME:-$HOME/.cache}/lm_ptb/horovod-$HOROVOD_VERSION-$hvd_key
+stamp_hvd="$VENV/.horovod-$hvd_key"
+if [ -f "$stamp_hvd" ] && hvd_ok; then
+    say "horovod $HOROVOD_VERSION present (TensorFlow, MPI, Gloo$([ "$GPU" = 1 ] && echo ", NCCL"))"
 else
-    say "horovod $HOROVOD_VERSION present (TensorFlow, MPI, Gloo)"
+    if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
+        build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+                   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)")
+        if [ "$GPU" = 1 ]; then
+            cuda_home=${CUDA_HOME:-/usr/local/cuda}
+            [ -x "$cuda_home/bin/nvcc" ] || command -v nvcc >/dev/null || {
+                echo "setup: GPU=1 builds Horovod with NCCL, which needs the CUDA toolkit: no nvcc in $cuda_home/bin or on PATH; set CUDA_HOME" >&2
+                exit 1
+            }
+            build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home")
+        fi
+        say "building horovod==$HOROVOD_VERSION with TensorFlow $tf_version, MPI and Gloo$([ "$GPU" = 1 ] && echo " and NCCL") and $(ls "$patches"/*.patch | wc -l) patches (a few minutes, once)"
+        work=$(mktemp -d)
+        trap 'rm -rf "$work"' EXIT
+        "$VENV/bin/pip" download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+        tar --no-same-owner -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+        for patch_file in "$patches"/*.patch; do
+            patch -d "$work/horovod-$HOROVOD_VERSION" -p1 --batch --forward --quiet <"$patch_file"
+        done
+        mkdir -p "$wheels.tmp"
+        env "${build_env[@]}" "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$wheels.tmp" \
+            "$work/horovod-$HOROVOD_VERSION" >"$work/build.log" 2>&1 || {
+            tail -n 40 "$work/build.log" >&2
+            echo "setup: building horovod failed; the end of its log is above" >&2
+            exit 1
+        }
+        rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+    fi
+    # Its own dependencies are pinned in requirements.txt.
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/horovod-*.whl
+    hvd_ok || { echo "setup: horovod installed but lacks TensorFlow, MPI, Gloo$([ "$GPU" = 1 ] && echo " or NCCL") support; see 'horovodrun --check-build'" >&2; exit 1; }
+    rm -f "$VENV"/.horovod-*
+    touch "$stamp_hvd"
 fi
 
 # 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell and
@@ -131,8 +158,9 @@ if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then
     read -r -a tf_flags <<<"$("$VENV/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
     for source in "$kernels"/*.cc; do
         say "compiling $source ${arch[*]}"
-        # TensorFlow's own headers warn of their deprecated names by the screenful.
-        g++ -std=c++17 -shared -fPIC -O3 -Wno-deprecated-declarations "${arch[@]}" "$source" \
+        # TensorFlow's own headers warn of their deprecated names and of Eigen's
+        # cache-line guess by the screenful.
+        g++ -std=c++17 -shared -fPIC -O3 -Wno-deprecated-declarations -Wno-interference-size "${arch[@]}" "$source" \
             -o "${source%.cc}.so.tmp" "${tf_flags[@]}"
         mv "${source%.cc}.so.tmp" "${source%.cc}.so"
     done

@@ -39,5 +39,5 @@ def test_setup_refuses_a_python_the_pins_have_no_wheels_for(version, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"setup: Python {version} is not supported: tensorflow-cpu 2.15.1 has wheels for Python 3.10-3.13; "
+        f"setup: Python {version} is not supported: tensorflow-cpu 2.21.0 has wheels for Python 3.10-3.13; "
         "run PYTHON=python3.12 make setup (or another of those)"]

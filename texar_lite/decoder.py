@@ -12,8 +12,8 @@ CELL_TYPES = ("LSTMBlockCell", "LSTMCell", "BasicLSTMCell")
 PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 # The layers run over time in chunks: the second layer's first chunk can then
 # run while the first layer works on its second chunk, so the two cores share
-# the otherwise serial recurrent chains. 2 chunks: a small step in 32.5 ms
-# against 34 in one piece; 3 or more lose the gain again to smaller matmuls.
+# the otherwise serial recurrent chains. More chunks mean smaller matmuls,
+# which lose that gain again (BENCHMARKS.md has the figures).
 TIME_CHUNKS = 2
 
 
@@ -154,26 +154,21 @@ class LSTMDecoder(tf.Module):
 def _affine_function(input_gradient_first):
     """x [N, D] x kernel [D, K] + bias [K] (the softmax layer, and each LSTM layer's input projection).
 
-    The bias gradient is a column sum over the [N, K] output gradient; for
-    the softmax layer, as its own reduction, that was 5% of the small step.
-    Here it comes out of the kernel-gradient matmul instead, which reads that
-    block anyway: [x, 1]^T x d_out is [D + 1, K], and its last row is the
-    bias gradient. Splitting rows off a row-major tensor shares its buffer,
-    so nothing is copied. Forward, oneDNN fuses the bias into the matmul.
+    The bias gradient is a column sum over the [N, K] output gradient, a
+    whole extra pass over that block as its own reduction. Here it comes out
+    of the kernel-gradient matmul instead, which reads that block anyway:
+    [x, 1]^T x d_out is [D + 1, K], and its last row is the bias gradient.
+    Splitting rows off a row-major tensor shares its buffer, so nothing is
+    copied. Forward, oneDNN fuses the bias into the matmul.
 
     Backward, d_x comes first: the layer below (the BPTT loop) waits for it,
     whereas the kernel gradient only feeds the update. Left to the executor,
-    the two softmax-layer matmuls ran side by side, each at half speed, and
-    the BPTT started after both; ordered, each runs at full speed and the
-    BPTT can start after d_x (small step 44 -> 40.5 ms, three alternating
-    rounds). The kernel gradient does not truly overlap the BPTT: while it
-    holds the intra-op pool, the BPTT's ops wait. Since d_x became the
-    faster op below, the order gains about 1% (the benchmark's lever row).
-    d_x is a BatchMatMulV2 with adj_y, not MatMul with transpose_b: the same
-    product, but TF's oneDNN path runs the softmax layer's [400, 10000] x
-    [10000, 200] at 170-188 GFLOP/s that way against 147-164 (small step
-    41.3 -> 39.4 ms, five alternating rounds). input_gradient_first=False
-    drops the order, for the benchmark's lever row.
+    the two matmuls run side by side, each at half speed, and the BPTT starts
+    after both; ordered, each runs at full speed and the BPTT can start after
+    d_x. d_x is a BatchMatMulV2 with adj_y rather than MatMul with
+    transpose_b: the same product, for which TF's oneDNN path picks a faster
+    kernel. input_gradient_first=False drops the order, for the benchmark's
+    lever row (BENCHMARKS.md has the figures of each choice).
     """
     @tf.custom_gradient
     def affine(x, kernel, bias):
@@ -237,10 +232,14 @@ class _FusedCell:
     def __init__(self, library):
         self.library = library
 
+    # Autograph (a caller's tf.function may turn it on) loses the instance of
+    # these bound methods; they hold no Python control flow to convert.
+    @tf.autograph.experimental.do_not_convert
     def forward(self, gates_x, h_prev, c_prev, kernel):
         c, h, activations, tanh_c = self.library.lstm_step_forward(gates_x, h_prev, c_prev, kernel)
         return c, h, (activations, tanh_c, c_prev)
 
+    @tf.autograph.experimental.do_not_convert
     def backward(self, d_h, d_output, d_c, saved, kernel):
         return self.library.lstm_step_backward(d_h, d_output, d_c, *saved, kernel)
 
