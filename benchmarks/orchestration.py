@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from benchmarks.results import RESULT_TAG, spread
-from runtime.launch import Launch, run_bounded
+from harness.launch import Launch, run_bounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The workers run as `bench.py --worker JSON` (benchmarks/workers.py).

@@ -15,7 +15,8 @@ cluster's config file (-F), so root's own ~/.ssh is never touched; as on real
 hosts, that config sets no keepalive.
 
 Faults: `cut` takes a host's port off the bridge (its carrier stays up, so the
-host notices nothing: the silence of a failed switch), `vanish` cuts it and
+host notices nothing: the silence of a failed switch), `partition` splits the
+hosts into groups that reach only each other, `vanish` cuts a host and
 SIGKILLs every process in it, `cap` puts a tbf rate limit on every host's
 egress. `close` kills every process in the namespaces and removes them.
 """
@@ -25,7 +26,7 @@ import subprocess
 import time
 import uuid
 
-from runtime.launch import Launch, describe, kill_until_gone
+from harness.launch import Launch, describe, kill_until_gone
 
 SUBNET = "10.213.0"
 PREFIX = "lmt"
@@ -210,7 +211,7 @@ class Cluster:
         return env
 
     def start(self, host, cmd, env=None, cwd=None):
-        """Starts cmd on `host` as a tagged Launch (see runtime/launch.py)."""
+        """Starts cmd on `host` as a tagged Launch (see harness/launch.py)."""
         launch = Launch([*self._inside(host), *[str(c) for c in cmd]], env=self.env(host, env), cwd=cwd,
                         workdir=os.path.join(self.workdir, f"launch{len(self.launches)}"))
         self.launches.append(launch)
@@ -219,6 +220,15 @@ class Cluster:
     def cut(self, host):
         """Takes host's port off the bridge: nothing reaches it or leaves it, and it sees no link change."""
         _ip("-n", self.switch, "link", "set", self.ports[host], "nomaster")
+
+    def partition(self, *groups):
+        """Puts each group of hosts after the first on a bridge of its own: inside a
+        group the hosts still reach each other, across groups nothing passes."""
+        for number, group in enumerate(groups[1:], 1):
+            _ip("-n", self.switch, "link", "add", f"br{number}", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", f"br{number}", "up")
+            for host in group:
+                _ip("-n", self.switch, "link", "set", self.ports[host], "master", f"br{number}")
 
     def heal(self, host):
         _ip("-n", self.switch, "link", "set", self.ports[host], "master", "br0")

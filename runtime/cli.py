@@ -214,7 +214,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
     rank_logging = logs.RankLogging(ctx, args.mpi_log, args.log_path)
     # Only a run whose ranks all reach the end together may close the log
     # collector collectively; after a one-rank failure that would hang.
-    in_step = True
+    in_lockstep = True
     try:
         ctx.start_watchdog(args.hang_timeout)
         failure, prepared = None, None
@@ -256,7 +256,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             print("results: " + json.dumps(summary), flush=True)
         return 0
     except Exception as err:
-        in_step = False
+        in_lockstep = False
         if not ctx.distributed:
             raise
         # One failing rank shuts Horovod down under the others: they say so in
@@ -278,15 +278,15 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
     except KeyboardInterrupt:
         # A SIGINT outside the training steps' handler (a download, a restore,
         # the results' write): every file is replaced whole or not at all.
-        in_step = False
+        in_lockstep = False
         _error_line(f"error{f' (rank {ctx.rank})' if ctx.distributed else ''}: interrupted (SIGINT) outside a "
                     "training step; the files on disk are whole: rerun the command, with --resume once a "
                     "checkpoint exists")
         return 128 + 2
     except BaseException:
-        in_step = False
+        in_lockstep = False
         raise
     finally:
         ctx.stop_watchdog()
-        rank_logging.close(collective=in_step)
+        rank_logging.close(collective=in_lockstep)
 

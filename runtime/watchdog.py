@@ -545,6 +545,9 @@ class Watchdog:
         try:
             subprocess.Popen([sys.executable, "-c", GUARD, str(self.ppid), _start_time(self.ppid),
                               str(DAEMON_GRACE_S), *clients], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL,
+                             # Its own session: a daemon that aborts the job kills the rank's
+                             # process group, and the guard must outlive that.
+                             start_new_session=True)
         except OSError:
             pass

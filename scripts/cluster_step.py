@@ -1,5 +1,5 @@
 """The 2-rank step of config_small across two namespace hosts, with the link
-between them uncapped and capped by tbf (as root; see tests/cluster.py).
+between them uncapped and capped by tbf (as root; see harness/cluster.py).
 
     .venv/bin/python scripts/cluster_step.py --data_path ../shared/data/ptb
 
@@ -16,9 +16,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)
 
-import cluster  # noqa: E402
+from harness import cluster  # noqa: E402
 from benchmarks.analytic import predict_step  # noqa: E402
 from benchmarks.results import RESULT_TAG  # noqa: E402
 

@@ -12,9 +12,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import cluster as cluster_lib  # noqa: E402
+from harness import cluster as cluster_lib  # noqa: E402
 import synthetic_ptb  # noqa: E402
-from runtime.launch import Launch, run_bounded  # noqa: E402
+from harness.launch import Launch, run_bounded  # noqa: E402
 
 PYTHON = sys.executable
 TINY_CONFIG = os.path.join(ROOT, "tests", "config_tiny.py")
@@ -34,7 +34,7 @@ CLUSTER_MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none
 
 @pytest.fixture
 def make_cluster():
-    """make_cluster(hosts=2, names=None): namespace hosts (tests/cluster.py), removed after
+    """make_cluster(hosts=2, names=None): namespace hosts (harness/cluster.py), removed after
     the test. They need root; as root, a missing tool fails the test, never skips it."""
     if os.geteuid() != 0:
         pytest.skip("namespace hosts need root")
@@ -76,7 +76,7 @@ def run_command(cmd, timeout, env=None, cwd=ROOT):
 
     Every process the command starts, ranks and remote daemons included, is
     killed when it ends or times out, and one still alive 5 s after the
-    launcher returned fails the test (runtime/launch.py).
+    launcher returned fails the test (harness/launch.py).
     """
     outcome = run_bounded(cmd, timeout, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=cwd)
     if outcome.timed_out:

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import PYTHON, QUIET_ENV, ROOT, checkpoint_position, error_lines, latest_checkpoint, lm_ptb
 from failure_helpers import assert_one_clean_error, record, timed, tiny
-from runtime.launch import Launch
+from harness.launch import Launch
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""Elastic training on the namespace hosts (tests/cluster.py).
+"""Elastic training on the namespace hosts (harness/cluster.py).
 
 horovodrun --gloo --min-np 1 --max-np 2 runs lm_ptb_distributed.py on host1
 and host2, its discovery script listing the hosts of a file. The rank on

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import (MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, error_lines, latest_checkpoint,
                       run_command, run_with_actions)
-from runtime.launch import tagged_pids
+from harness.launch import tagged_pids
 from test_disk_full import tmpfs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(200)

@@ -1,10 +1,10 @@
-"""The one launcher of every multi-process test (runtime/launch.py): a hang
+"""The one launcher of every multi-process test (harness/launch.py): a hang
 ends at its bound, and nothing it started survives, wherever it went."""
 import os
 import sys
 import time
 
-from runtime.launch import Launch, tagged_pids
+from harness.launch import Launch, tagged_pids
 
 # A launcher that hangs, with a child in a process group of its own (as Open
 # MPI gives each rank) and one in a new session (as horovodrun gives its

@@ -1,5 +1,5 @@
 """The README's commands for real hosts, run on two namespace hosts
-(tests/cluster.py): a hostfile, `--mpi-log collect` across the network, words/s
+(harness/cluster.py): a hostfile, `--mpi-log collect` across the network, words/s
 of all ranks, and horovodrun over MPI."""
 import json
 import os

@@ -1,6 +1,6 @@
 """Multi-host faults end the whole job in bounded time, on every host.
 
-Two hosts made of network namespaces (tests/cluster.py) run the user's exact
+Two hosts made of network namespaces (harness/cluster.py) run the user's exact
 command, `mpirun -np 2 -H host1:1,host2:1 ... lm_ptb_distributed.py`, or
 horovodrun --gloo. Then a fault strikes: the link is cut, a rank is stopped or
 stuck, a host vanishes, the launcher dies. Each test checks that the job ends
@@ -181,6 +181,25 @@ def test_a_cut_link_mid_epoch_ends_the_job_and_resume_continues_exactly(cluster,
     reference = json.loads((tmp_path / "whole" / "results.json").read_text())
     assert after["weights_digest_per_rank"] == reference["weights_digest_per_rank"]
     assert after["test_ppl"] == reference["test_ppl"]
+
+
+@pytest.mark.parametrize("far", [["host4"], ["host3", "host4"]], ids=["1|3", "2|2"])
+def test_a_partition_of_four_hosts_ends_both_sides(far, make_cluster, synthetic_corpus, tmp_path):
+    """4 ranks on 4 hosts, split in two: every side ends, the side of rank 0 says which
+    ranks it lost (the far side's line goes down with its links), and the only
+    checkpoint writer, rank 0, leaves epoch 1's checkpoint whole."""
+    hosts = make_cluster(4)
+    out, release = tmp_path / "out", tmp_path / "release"
+    mpirun = [*CLUSTER_MPIRUN, "-H", "host1:1,host2:1,host3:1,host4:1"]
+    mpirun[mpirun.index("-np") + 1] = "4"
+    args = train_args(synthetic_corpus[0], out, hooks=paused(release), epochs=2)
+    near = [host for host in hosts.hosts if host not in far]
+    outcome, seconds, left = strike(hosts, mpirun, args, BOTH_PAUSED, lambda h: h.partition(near, far),
+                                    f"{len(near)}|{len(far)} partition", release=release)
+    lost = ", ".join(f"rank {int(host[-1]) - 1} on {host}" for host in far)
+    check(f"{len(near)}|{len(far)} partition of 4 hosts", "mpirun", outcome, seconds, left, out,
+          f"error (rank 0 on host1): {lost} {'all went' if len(far) > 1 else 'went'} silent, last heard in "
+          "training step (epoch 2, step", code=-signal.SIGKILL)
 
 
 def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, synthetic_corpus, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import MPIRUN, PYTHON, QUIET_ENV, ROOT, checkpoint_position, latest_checkpoint
 from failure_helpers import EXIT_BOUND_S, GLOO_ENV, HOROVODRUN_2, record, tiny
-from runtime.launch import Launch
+from harness.launch import Launch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,7 +26,7 @@ HOROVODRUN_SIGTERM_EXIT = 1
 def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
     """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit).
 
-    Whatever of the run is left when it ends or times out is killed (runtime/launch.py)."""
+    Whatever of the run is left when it ends or times out is killed (harness/launch.py)."""
     launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=ROOT, workdir=str(logdir))
     deadline = time.monotonic() + timeout
     try:
