@@ -131,6 +131,7 @@ else
         }
         rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
     fi
+    say "installing horovod==$HOROVOD_VERSION from $wheels"
     # Its own dependencies are pinned in requirements.txt.
     "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/horovod-*.whl
     hvd_ok || { echo "setup: horovod installed but lacks TensorFlow, MPI, Gloo$([ "$GPU" = 1 ] && echo " or NCCL") support; see 'horovodrun --check-build'" >&2; exit 1; }
