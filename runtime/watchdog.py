@@ -504,7 +504,8 @@ class Watchdog:
         hosts of silent peers on other machines. A host cut off, or frozen whole,
         never closes its session, and horovodrun's driver re-forms the world only
         once the worker's process there has ended, which its ssh stands for."""
-        far = {r for r in ranks if r not in self.cut_loose and self.peers[r][1][0][0] != "127.0.0.1"}
+        far = {r for r in ranks if r not in self.cut_loose
+               and self.peers[r][1] and self.peers[r][1][0][0] != "127.0.0.1"}
         launcher = _horovodrun() if far else None
         if launcher is None:
             return
