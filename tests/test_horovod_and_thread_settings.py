@@ -59,10 +59,10 @@ def two_ranks(tmp_path, data, env):
     return result.stdout, json.loads(timeline.read_text())
 
 
-def cycle_gaps_us(events):
-    """Microseconds from each cycle's start to the next one's."""
+def cycle_gaps_us(events, at_least=100):
+    """Microseconds from each cycle's start to the next one's (of at least `at_least` cycles)."""
     starts = sorted(e["ts"] for e in events if e.get("name") == "CYCLE_START")
-    assert len(starts) > 100, len(starts)
+    assert len(starts) > at_least, len(starts)
     return np.diff(starts)
 
 
@@ -94,14 +94,17 @@ def test_ranks_run_without_tensor_fusion_and_with_a_short_cycle_by_default(defau
     assert count(events, "ALLREDUCE") >= 8 * STEPS
     assert count(events, "MEMCPY_IN_FUSION_BUFFER") == 0
     # Horovod's own cycle is 1 ms. Under load most cycles outlast their time,
-    # so the shortest gap tells the cycle (give or take the marks' few us).
-    assert 150 <= cycle_gaps_us(events).min() < 900
+    # so the short gaps tell the cycle; a rare mark stamped late makes one gap
+    # short and its neighbour long, so the floor is the 5th percentile's.
+    gaps = cycle_gaps_us(events)
+    assert gaps.min() < 900 and np.percentile(gaps, 5) >= 150, np.percentile(gaps, [0, 1, 5, 50])
 
 
 def test_fusion_and_cycle_time_set_in_the_environment_win(env_run):
     _, events = env_run
     assert count(events, "MEMCPY_IN_FUSION_BUFFER") > 0
-    assert cycle_gaps_us(events).min() >= 19900
+    # A 20 ms cycle: the whole run holds few of them, fewer the faster the machine.
+    assert cycle_gaps_us(events, at_least=20).min() >= 19900
 
 
 def test_apply_horovod_defaults_fills_only_what_the_environment_leaves_unset(monkeypatch):
