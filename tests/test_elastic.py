@@ -49,7 +49,7 @@ def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hoo
     with open(hosts_file, "w") as f:
         f.write("".join(f"{host}:1\n" for host in hosts))
     cmd = [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", str(len(hosts)), "--min-np", "1",
-           "--max-np", "2",
+           "--max-np", str(max(2, len(hosts))),
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
            *entry("lm_ptb_distributed.py", hooks), *train_args(corpus, out, epochs, elastic=True), *extra]
     return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
@@ -222,6 +222,40 @@ def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, syn
     np.testing.assert_allclose(losses[:grown - shrunk], one[:grown - shrunk], rtol=1e-5)
     two = resumed_losses(synthetic_corpus[0], tmp_path, out, grown, 3, cluster)
     np.testing.assert_allclose(losses[grown - shrunk:], two, rtol=1e-5)
+
+
+def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp_path):
+    """4 -> 3 -> 4: the rank on host3 dies, three ranks go on from the last commit, and
+    host3, out of its blacklist cooldown, joins again. batch_size 12 divides by 4 and 3,
+    so the global batch, and with it the data each step reads, stays the same."""
+    hosts = make_cluster(4)
+    out = tmp_path / "elastic"
+    launch = start_elastic(hosts, synthetic_corpus[0], out, 2, "--blacklist-cooldown-range", "2", "3",
+                           hosts=hosts.hosts, hooks=recorded(out), extra=("--set", "batch_size=12"))
+    wait_for(launch, r"0\.100 perplexity", seconds=240)
+    os.kill(rank_pid(hosts, "host3"), signal.SIGKILL)
+    wait_for(launch, WORLD.pattern, count=3, seconds=240)
+    outcome = finish(hosts, launch, 300)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    attempts = worlds(outcome.stdout)
+    assert [size for size, _, _ in attempts] == [4, 3, 4], attempts
+    shrunk, grown = global_step(*attempts[1][1:]), global_step(*attempts[2][1:])
+    assert 0 < shrunk < grown < 2 * STEPS, attempts
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 4 and results["epochs"] == 2 and results["global_batch_size"] == 12
+    assert len(results["weights_digest_per_rank"]) == 4 and len(set(results["weights_digest_per_rank"])) == 1
+    # Five processes recorded: the first four and the one that joined. The three
+    # survivors took every step to the end and agree on every loss; the one that
+    # joined took the steps from its first commit on, with the same losses.
+    runs = list(recorded_steps(os.path.join(str(out), "steps")).values())
+    assert len(runs) == 5, [taken(r)[:1] for r in runs]
+    plan = schedule(2)
+    survivors = [r for r in runs if taken(r)[0] == plan[0] and taken(r)[-1] == plan[-1]]
+    assert len(survivors) == 3
+    assert all([x["loss"] for x in r] == [x["loss"] for x in survivors[0]] for r in survivors)
+    joined = [r for r in runs if taken(r)[0] == plan[grown]]
+    assert len(joined) == 1 and taken(joined[0]) == plan[grown:]
+    assert [x["loss"] for x in joined[0]] == [x["loss"] for x in survivors[0]][-len(plan[grown:]):]
 
 
 def test_losing_every_host_ends_the_job_and_keeps_the_last_checkpoint(cluster, synthetic_corpus, tmp_path):
