@@ -1,44 +1,36 @@
 """Getting Penn Treebank into a folder: download, safe extraction, checksums.
 
-``prepare_data(data_path)`` makes sure ``ptb.{train,valid,test}.txt`` are in
-``data_path``, fetching Mikolov's ``simple-examples.tgz`` when they are not;
-many processes sharing the folder download it once. ptb_reader.load_ptb calls
-it, so a training run fetches the corpus by itself.
+``prepare_data(data_path)`` puts ``ptb.{train,valid,test}.txt`` into ``data_path`` when they are not
+there: pooch downloads Mikolov's ``simple-examples.tgz`` (retries; a temporary file, renamed once
+complete; an interrupted download starts over), then only those three files are read from it, each
+checked against its SHA-256. A hidden ``.ptb_download.<host>.*`` folder in ``data_path`` holds the
+archive meanwhile; after a failure the folder is left as it was.
 
-PTBDataError, the one error of the data modules, is defined here because
-ptb_reader.py builds on this module (and re-exports it).
+Processes on one host sharing ``data_path`` take turns on a lock (filelock) in the system's temporary
+folder: the first downloads, the others find the files or, if that download failed, raise its error
+(kept beside the lock) rather than try again.
 
-This module never imports Horovod or TensorFlow.
-
-Files it may leave in ``data_path``:
-
-* ``ptb.{train,valid,test}.txt`` - the corpus (also accepted as given by you).
-* ``simple-examples.tgz.part`` - an interrupted download; the next run resumes
-  it with an HTTP Range request, or starts over if the server refuses ranges.
-* ``.ptb_download.lock`` - the lock that makes one process download for all.
-* ``.ptb_download.failed`` - the last download error, so processes that were
-  waiting for that download fail with it instead of retrying; stale for any
-  later run, which removes it and tries again.
+PTBDataError, the one error of the data modules, is defined here because ptb_reader.py builds on this
+module. It never imports Horovod or TensorFlow.
 """
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
-import http.client
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
 import time
 import zlib
 
+import filelock
+import pooch
 import requests
-import tqdm
-import urllib3
 
 from runtime.atomic_files import atomic_write
 
@@ -51,409 +43,201 @@ SPLITS = ("train", "valid", "test")
 
 ARCHIVE_NAME = "simple-examples.tgz"
 MEMBER_DIR = "simple-examples/data"
-# Nobody publishes a signed digest of the archive, so its md5 is only a hint;
-# the extracted files are what gets verified, by SHA256_BY_SPLIT.
-ARCHIVE_MD5 = "30177ea32e27c525793142b6bf2c8e2d"
+# Nobody publishes a digest of the archive, and a mirror may pack it anew: the files are what gets verified.
 SHA256_BY_SPLIT = {
     "train": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
     "valid": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
     "test": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
 }
 
-_LOCK_NAME = ".ptb_download.lock"
-_FAILED_NAME = ".ptb_download.failed"
-_EXTRACT_PREFIX = ".ptb_extract_"
-_CHUNK = 1 << 16
-
 
 class PTBDataError(Exception):
     """A data problem the user can fix; the message is one line with the fix."""
 
 
-def _file_name(split):
-    return f"ptb.{split}.txt"
+def prepare_data(data_path, url=None, timeout=(10, 60), retries=3, progress=None, expected_sha256=None,
+                 archive_sha256=None):
+    """Make sure ``ptb.{train,valid,test}.txt`` are in ``data_path``; returns ``{split: path}``.
 
-
-def prepare_data(data_path, url=None, timeout=(10, 60), retries=3, backoff=1.0,
-                 progress=None, expected_sha256=None):
-    """Make sure ``ptb.{train,valid,test}.txt`` are in ``data_path``.
-
-    Files already there are used as they are (any corpus in PTB format works).
-    Otherwise ``simple-examples.tgz`` is fetched from ``url`` (default: the
-    ``PTB_URL`` environment variable, else ``URL``) with ``retries`` more
-    attempts after the first, sleeping ``backoff * 2**k`` seconds between
-    them; ``timeout`` is requests' (connect, read) pair. ``progress``: None
-    draws a bar when stderr is a terminal and prints plain lines otherwise,
-    True always draws the bar, False prints nothing. ``expected_sha256`` maps
-    split to the hex digest of the extracted file (default: real PTB; a None
-    value skips that file's check).
-
-    Processes sharing ``data_path`` take turns on a lock: the first one
-    downloads, the others find the files when they get the lock, or re-raise
-    that download's error.
-
-    Returns ``{"train": path, "valid": path, "test": path}``.
+    Files already there are used as they are (any corpus in PTB format works). Otherwise the archive
+    is fetched from ``url`` (default: ``$PTB_URL``, else ``URL``) with ``retries`` more attempts after
+    the first; ``timeout`` is requests' (connect, read) pair. ``progress``: True draws a bar, False
+    prints nothing, None draws it when stderr is a terminal and prints one line otherwise.
+    ``expected_sha256`` maps split to the digest of its file (default: real PTB; None skips a file);
+    ``archive_sha256``, when given, is checked by pooch before extraction.
     """
     url = url or os.environ.get(URL_ENV) or URL
     expected = SHA256_BY_SPLIT if expected_sha256 is None else expected_sha256
     if os.path.exists(data_path) and not os.path.isdir(data_path):
-        raise PTBDataError(
-            f"data_path {data_path} is a file, not a directory: "
-            f"pass the folder that holds ptb.train.txt")
+        raise PTBDataError(f"data_path {data_path} is a file, not a directory: pass the folder that holds "
+                           f"ptb.train.txt")
     found = _existing_files(data_path)
     if found:
         return found
     try:
         os.makedirs(data_path, exist_ok=True)
     except OSError as e:
-        raise PTBDataError(
-            f"cannot create data_path {data_path}: {e.strerror or e}: "
-            f"pick a writable folder or put the PTB files there") from None
+        raise PTBDataError(f"cannot create data_path {data_path}: {e.strerror or e}: pick a writable folder "
+                           f"or put the PTB files there") from None
 
-    # A failure recorded after we began waiting came from the download we
-    # were waiting for; an older one belongs to an earlier run: retry.
+    # Keyed by the resolved path, so every spelling of the folder shares them. In the temporary folder,
+    # so one lock per host: hosts sharing a network folder each download, and renames keep files whole.
+    key = hashlib.sha256(os.fsencode(os.path.realpath(data_path))).hexdigest()[:16]
+    base = os.path.join(tempfile.gettempdir(), f"ptb_download.{key}")
+    # A failure recorded after we began waiting came from the download we waited for; an older one
+    # belongs to an earlier run: try again.
     waiting_since = time.time()
-    with _exclusive(data_path):
+    # 0o666: another user's run on this host must be able to take it too.
+    with filelock.FileLock(base + ".lock", mode=0o666):
         found = _existing_files(data_path)
         if found:
             return found
-        failed_path = os.path.join(data_path, _FAILED_NAME)
-        failure = _read_failure(failed_path)
-        if failure is not None and failure[0] >= waiting_since:
-            raise PTBDataError(failure[1])
-        _remove(failed_path)
         try:
-            _fetch_and_extract(data_path, url, timeout, retries, backoff,
-                               progress, expected)
+            with open(base + ".failed", encoding="utf-8") as f:
+                failure = json.load(f)
+            if float(failure["time"]) >= waiting_since:
+                raise PTBDataError(str(failure["error"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none, or unreadable: a run is never stuck on a broken record
+        try:
+            _fetch_and_extract(data_path, url, timeout, retries, progress, expected, archive_sha256)
         except PTBDataError as e:
-            _write_failure(failed_path, str(e))
+            with contextlib.suppress(OSError):
+                atomic_write(base + ".failed", json.dumps({"time": time.time(), "error": str(e)}).encode())
             raise
+        with contextlib.suppress(OSError):
+            os.remove(base + ".failed")
         return _existing_files(data_path)
 
 
 def _existing_files(data_path):
-    paths = {s: os.path.join(data_path, _file_name(s)) for s in SPLITS}
+    paths = {s: os.path.join(data_path, f"ptb.{s}.txt") for s in SPLITS}
     if not os.path.exists(paths["train"]):
         return None
-    for split in SPLITS:
-        path = paths[split]
+    for split, path in paths.items():
         if not os.path.exists(path):
-            raise PTBDataError(
-                f"{data_path} has ptb.train.txt but no {_file_name(split)}: "
-                f"put ptb.valid.txt and ptb.test.txt beside it, or empty the "
-                f"folder to download PTB")
+            raise PTBDataError(f"{data_path} has ptb.train.txt but no ptb.{split}.txt: put ptb.valid.txt "
+                               f"and ptb.test.txt beside it, or empty the folder to download PTB")
         if not os.path.isfile(path):
-            raise PTBDataError(
-                f"{path} is not a regular file: replace it with the text file")
+            raise PTBDataError(f"{path} is not a regular file: replace it with the text file")
     return paths
 
 
-@contextlib.contextmanager
-def _exclusive(data_path):
-    lock_path = os.path.join(data_path, _LOCK_NAME)
+def _fetch_and_extract(data_path, url, timeout, retries, progress, expected, archive_sha256):
+    # The lock is per host, so only this host's leftovers (a killed run's) are surely nobody's work.
+    prefix = f".ptb_download.{socket.gethostname()}."
+    staging = None
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        for name in os.listdir(data_path):
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(data_path, name), ignore_errors=True)
+        staging = tempfile.mkdtemp(prefix=prefix, dir=data_path)
+        archive = _download(url, staging, data_path, timeout, retries, progress, archive_sha256)
+        _extract(archive, url, staging, data_path, expected)
     except OSError as e:
-        raise PTBDataError(
-            f"data_path {data_path} has no ptb.train.txt and is not writable "
-            f"({e.strerror or e}): put the PTB files there or pick a writable "
-            f"folder") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process to fetch PTB into %s",
-                        data_path)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        raise PTBDataError(f"cannot write PTB files into {data_path}: {e.strerror or e}: free some space or "
+                           f"pick a writable data_path") from None
     finally:
-        # Closing releases the flock. The lock file stays: deleting it would
-        # let a late process lock a fresh inode while another holds the old.
-        os.close(fd)
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
-def _read_failure(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-        return float(record["time"]), str(record["error"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        # Unreadable marker: treat as stale so a run is never stuck on it.
-        return None
+class _GiveUp(Exception):
+    """Neither a ValueError nor a requests error, so pooch does not retry it."""
 
 
-def _write_failure(path, message):
-    with contextlib.suppress(OSError):
-        atomic_write(path, json.dumps({"time": time.time(), "error": message})
-                     .encode("utf-8"))
+class _Downloader(pooch.HTTPDownloader):
+    """pooch's HTTP download, warning of each failed attempt, and not retrying what would fail again."""
 
-
-def _remove(path):
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-
-
-def _fetch_and_extract(data_path, url, timeout, retries, backoff, progress,
-                       expected):
-    archive = os.path.join(data_path, ARCHIVE_NAME)
-    try:
-        # An archive in place is complete (it is only renamed there when the
-        # download finished), so a run that died while extracting reuses it.
-        if not os.path.exists(archive):
-            _download(url, archive, data_path, timeout, retries, backoff,
-                      progress)
-        archive_md5 = _file_digest(archive, hashlib.md5)
-        if archive_md5 != ARCHIVE_MD5:
-            logger.warning(
-                "%s has md5 %s, not the published %s (an unverified value); "
-                "going on, the extracted files are checked by sha256",
-                archive, archive_md5, ARCHIVE_MD5)
+    def __call__(self, url, output_file, pooch_, check_only=False):
         try:
-            _extract(archive, data_path, expected)
-        except PTBDataError:
-            # A bad archive would fail the same way forever: fetch it anew.
-            _remove(archive)
-            raise
-        _remove(archive)
-    except OSError as e:
-        raise PTBDataError(
-            f"cannot write PTB files into {data_path}: {e.strerror or e}: "
-            f"free some space or pick a writable data_path") from None
-
-
-def _download(url, archive, data_path, timeout, retries, backoff, progress):
-    part = archive + ".part"
-    attempts = max(0, int(retries)) + 1
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
-        try:
-            _download_once(url, part, timeout, progress)
-        except _Retry as e:
-            reason, retriable = str(e), True
-        except _Fatal as e:
-            reason, retriable = str(e), False
-        except (requests.exceptions.MissingSchema,
-                requests.exceptions.InvalidSchema,
-                requests.exceptions.InvalidURL) as e:
-            reason, retriable = " ".join(str(e).split()), False
+            return super().__call__(url, output_file, pooch_, check_only)
         except requests.RequestException as e:
-            reason, retriable = _describe(e, timeout), True
-        else:
-            os.replace(part, archive)
-            return
-        logger.warning("download of %s failed (attempt %d of %d): %s",
-                       url, attempt + 1, attempts, reason)
-        if not retriable:
-            break
-    raise PTBDataError(
-        f"could not download {url}: {reason}. Download {ARCHIVE_NAME} "
-        f"elsewhere and put ptb.train.txt, ptb.valid.txt, ptb.test.txt into "
-        f"{data_path}, or set {URL_ENV} to a mirror")
+            reason = _describe(e, self.kwargs["timeout"])
+            status = getattr(e.response, "status_code", None) or 0
+            # A malformed URL (requests makes those ValueErrors) or a 404 would only repeat.
+            if isinstance(e, ValueError) or (400 <= status < 500 and status not in (408, 429)):
+                raise _GiveUp(reason) from None
+            logger.warning("download of %s failed: %s", url, reason)
+            raise
 
 
-class _Retry(Exception):
-    pass
-
-
-class _Fatal(Exception):
-    pass
-
-
-def _download_once(url, part, timeout, progress):
-    have = os.path.getsize(part) if os.path.exists(part) else 0
-    # identity: a server that gzips the .tgz on the fly would make requests
-    # unpack it and the byte count would no longer match Content-Length.
-    headers = {"Accept-Encoding": "identity"}
-    if have:
-        headers["Range"] = f"bytes={have}-"
-    with requests.get(url, headers=headers, stream=True,
-                      timeout=timeout) as r:
-        if r.status_code == 206 and have and _range_start(r) == have:
-            mode, start = "ab", have
-        elif r.status_code == 206:
-            _remove(part)
-            raise _Retry("server resumed at another offset than asked; "
-                         "starting over")
-        elif r.status_code == 200:
-            mode, start = "wb", 0
-        elif r.status_code == 416:
-            _remove(part)
-            raise _Retry("server refused to resume the partial file; "
-                         "starting over")
-        else:
-            reason = f"HTTP {r.status_code} {r.reason or ''}".strip()
-            if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-                raise _Fatal(reason)
-            raise _Retry(reason)
-        length = r.headers.get("Content-Length")
-        total = start + int(length) if length and length.isdigit() else None
-        got = start
-        # progress None: tqdm draws the bar only when stderr is a terminal;
-        # elsewhere plain start and end lines stand in for it.
-        lines = progress is None and not sys.stderr.isatty()
-        if lines:
-            resumed = f", resuming at byte {start}" if start else ""
-            print(f"downloading {url}{resumed}", file=sys.stderr, flush=True)
-        began = time.monotonic()
-        hidden = None if progress is None else not progress
-        with tqdm.tqdm(total=total, initial=start, unit="B", unit_scale=True,
-                       disable=hidden) as bar, open(part, mode) as f:
-            try:
-                for chunk in r.iter_content(_CHUNK):
-                    f.write(chunk)
-                    got += len(chunk)
-                    bar.update(len(chunk))
-            except requests.RequestException as e:
-                raise _Retry(_cut_off(e, got, total, timeout)) from None
-        if lines:
-            print(f"downloaded {got} bytes in {time.monotonic() - began:.1f}s",
-                  file=sys.stderr, flush=True)
-    if total is not None and got != total:
-        raise _Retry(f"download cut off at {got} of {total} bytes")
-
-
-def _range_start(response):
-    # "bytes 100-199/200"; None when absent or malformed, which makes the
-    # caller drop the part and start over rather than splice wrong bytes.
-    value = response.headers.get("Content-Range", "")
-    unit, _, rest = value.partition(" ")
-    start = rest.split("-", 1)[0]
-    return int(start) if unit == "bytes" and start.isdigit() else None
-
-
-def _cut_off(exc, got, total, timeout):
-    reason = _describe(exc, timeout)
-    if total is None:
-        return f"{reason} ({got} bytes saved)"
-    return f"{reason} ({got} of {total} bytes saved)"
+def _download(url, folder, data_path, timeout, retries, progress, archive_sha256):
+    bar = sys.stderr.isatty() if progress is None else bool(progress)
+    # identity: a server that gzips the .tgz on the fly would have requests unpack it.
+    downloader = _Downloader(progressbar=bar, chunk_size=1 << 16, timeout=timeout,
+                             headers={"Accept-Encoding": "identity"})
+    fetcher = pooch.create(path=folder, base_url="", retry_if_failed=max(0, int(retries)), urls={ARCHIVE_NAME: url},
+                           registry={ARCHIVE_NAME: archive_sha256 and f"sha256:{archive_sha256}"})
+    if progress is None and not bar:
+        print(f"downloading {url}", file=sys.stderr, flush=True)
+    # pooch logs each step to stderr by itself; the line above says what matters.
+    pooch_log, level = pooch.get_logger(), pooch.get_logger().level
+    pooch_log.setLevel(logging.WARNING)
+    try:
+        archive = fetcher.fetch(ARCHIVE_NAME, downloader=downloader)
+    except _GiveUp as e:
+        reason = str(e)
+    except requests.RequestException as e:
+        reason = _describe(e, timeout)
+    except ValueError as e:  # pooch's hash mismatch, without its advice
+        reason = " ".join(str(e).split(". Deleted download")[0].split())
+    else:
+        return archive
+    finally:
+        pooch_log.setLevel(level)
+    raise PTBDataError(f"could not download {url}: {reason}. Download {ARCHIVE_NAME} elsewhere and put "
+                       f"ptb.train.txt, ptb.valid.txt, ptb.test.txt into {data_path}, or set {URL_ENV} to a mirror")
 
 
 def _describe(exc, timeout):
     """A short cause for a requests error (its str() is a multi-line dump)."""
-    chain = _exception_chain(exc)
-    connect_timeout, read_timeout = (timeout if isinstance(timeout, tuple)
-                                     else (timeout, timeout))
-    # An OS error says most ("Connection refused", "Name or service not
-    # known"), and must come first: urllib3's NewConnectionError subclasses
-    # its ConnectTimeoutError.
+    if getattr(exc, "response", None) is not None:
+        return f"HTTP {exc.response.status_code} {exc.response.reason or ''}".strip()
+    chain = [exc]
+    for e in chain:  # grows as it goes: urllib3 and socket errors sit in causes, reasons and args
+        chain += [c for c in (e.__cause__, e.__context__, getattr(e, "reason", None), *e.args)
+                  if isinstance(c, BaseException) and all(c is not d for d in chain)]
     for e in chain:
         if isinstance(e, OSError) and e.errno is not None and e.strerror:
-            return e.strerror
-    if any(isinstance(e, (requests.ConnectTimeout,
-                          urllib3.exceptions.ConnectTimeoutError))
-           for e in chain):
-        return f"no connection within {connect_timeout}s"
-    if any(isinstance(e, (requests.ReadTimeout,
-                          urllib3.exceptions.ReadTimeoutError, TimeoutError))
-           for e in chain):
-        return f"server sent nothing for {read_timeout}s"
-    if any(isinstance(e, (urllib3.exceptions.ProtocolError,
-                          http.client.IncompleteRead)) for e in chain):
-        return "connection closed early"
+            return e.strerror  # "Connection refused", "Name or service not known"
+    connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    names = " ".join(type(e).__name__ for e in chain)
+    if "ConnectTimeout" in names:
+        return f"no connection within {connect}s"
+    if "ReadTimeout" in names:
+        return f"server sent nothing for {read}s"
+    if "IncompleteRead" in names or "ProtocolError" in names:
+        return "connection closed before the whole file arrived"
     return " ".join(str(exc).split())
 
 
-def _exception_chain(exc):
-    seen, todo = [], [exc]
-    while todo:
-        e = todo.pop(0)
-        if not isinstance(e, BaseException) or any(e is s for s in seen):
-            continue
-        seen.append(e)
-        todo.extend([e.__cause__, e.__context__, getattr(e, "reason", None)])
-        todo.extend(e.args)
-    return seen
-
-
-def _file_digest(path, algorithm):
-    h = algorithm()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _extract(archive, data_path, expected):
-    for leftover in os.listdir(data_path):
-        if leftover.startswith(_EXTRACT_PREFIX):
-            shutil.rmtree(os.path.join(data_path, leftover),
-                          ignore_errors=True)
-    staging = tempfile.mkdtemp(prefix=_EXTRACT_PREFIX, dir=data_path)
+def _extract(archive, url, staging, data_path, expected):
+    """Reads ``simple-examples/data/ptb.<split>.txt``, each there once and a regular file, into files of
+    our own naming; no other member is read, so no path in the archive decides where we write."""
+    fix = f"check {URL_ENV} points at the real {ARCHIVE_NAME}"
+    digests = {}
     try:
-        try:
-            with tarfile.open(archive, "r:*") as tar:
-                members = _pick_members(tar, archive)
-                digests = {split: _copy_member(tar, members[split],
-                                               os.path.join(staging,
-                                                            _file_name(split)))
-                           for split in SPLITS}
-        except (tarfile.TarError, EOFError, zlib.error,
-                gzip.BadGzipFile) as e:
-            raise PTBDataError(
-                f"{archive} is not a readable tar.gz ({e}): it was deleted, "
-                f"run again to download it anew") from None
-        for split in SPLITS:
-            want = expected.get(split)
-            if want is not None and digests[split] != want:
-                raise PTBDataError(
-                    f"{_file_name(split)} from {archive} has sha256 "
-                    f"{digests[split]}, expected {want}: the download is "
-                    f"corrupt or not PTB; it was deleted, run again or set "
-                    f"{URL_ENV} to another mirror")
-        # train goes last: its presence is what marks the folder complete.
-        for split in ("valid", "test", "train"):
-            os.replace(os.path.join(staging, _file_name(split)),
-                       os.path.join(data_path, _file_name(split)))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _pick_members(tar, archive):
-    """The three corpus members, refusing the archive if any is unsafe.
-
-    A member counts as one of ours when its path, with ``.``, ``..`` and empty
-    parts dropped, ends in ``data/ptb.<split>.txt``; it must then be exactly
-    ``simple-examples/data/ptb.<split>.txt`` (``./`` prefix allowed) and a
-    regular file. Other members are never read.
-    """
-    wanted = {_file_name(s): s for s in SPLITS}
-    picked = {}
-    for member in tar.getmembers():
-        parts = [p for p in member.name.split("/") if p not in ("", ".", "..")]
-        if len(parts) < 2 or parts[-2] != "data" or parts[-1] not in wanted:
-            continue
-        split = wanted[parts[-1]]
-        name = member.name[2:] if member.name.startswith("./") else member.name
-        problem = None
-        if name != f"{MEMBER_DIR}/{parts[-1]}":
-            problem = "has an unsafe or unexpected path"
-        elif not member.isreg():
-            problem = "is a link or special file, not a regular file"
-        elif split in picked:
-            problem = "appears twice"
-        if problem:
-            raise PTBDataError(
-                f"{archive} member {member.name!r} {problem}: refusing to "
-                f"extract; it was deleted, check {URL_ENV} points at the real "
-                f"{ARCHIVE_NAME}")
-        picked[split] = member
-    missing = [f"{MEMBER_DIR}/{_file_name(s)}" for s in SPLITS
-               if s not in picked]
-    if missing:
-        raise PTBDataError(
-            f"{archive} lacks {', '.join(missing)}: it was deleted, check "
-            f"{URL_ENV} points at the real {ARCHIVE_NAME}")
-    return picked
-
-
-def _copy_member(tar, member, dest):
-    h = hashlib.sha256()
-    source = tar.extractfile(member)
-    with source, open(dest, "xb") as out:
-        for block in iter(lambda: source.read(_CHUNK), b""):
-            h.update(block)
-            out.write(block)
-    return h.hexdigest()
+        with tarfile.open(archive, "r:gz") as tar:
+            members = tar.getmembers()
+            for split in SPLITS:
+                name = f"{MEMBER_DIR}/ptb.{split}.txt"
+                found = [m for m in members if m.name.removeprefix("./") == name]
+                if not found:
+                    raise PTBDataError(f"{url} lacks {name}: {fix}")
+                if len(found) > 1 or not found[0].isreg():
+                    raise PTBDataError(f"{url} member {name!r} is not one regular file: refusing to extract; {fix}")
+                path = os.path.join(staging, f"ptb.{split}.txt")
+                with tar.extractfile(found[0]) as source, open(path, "xb") as out:
+                    shutil.copyfileobj(source, out)
+                digests[split] = pooch.file_hash(path)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise PTBDataError(f"{url} is not a readable tar.gz ({' '.join(str(e).split())}): {fix}") from None
+    for split in SPLITS:
+        if expected.get(split) not in (None, digests[split]):
+            raise PTBDataError(f"ptb.{split}.txt from {url} has sha256 {digests[split]}, expected "
+                               f"{expected[split]}: the download is corrupt or not PTB: run again or set "
+                               f"{URL_ENV} to another mirror")
+    # train goes last: its presence is what marks the folder complete.
+    for split in ("valid", "test", "train"):
+        os.replace(os.path.join(staging, f"ptb.{split}.txt"), os.path.join(data_path, f"ptb.{split}.txt"))

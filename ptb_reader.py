@@ -8,7 +8,7 @@ ptb_download.py's part; ``load_ptb`` calls it when the files are missing.
 This module never imports Horovod or TensorFlow: rank and world size are plain
 arguments, so it works the same under any launcher and in plain unit tests.
 
-Files it may leave in ``data_path``, besides ptb_download.py's:
+Files it may leave in ``data_path``, besides the corpus:
 
 * ``ptb.{train,valid,test}.ids.npy`` and ``ptb.ids.json`` - the id cache.
 """

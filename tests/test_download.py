@@ -2,18 +2,21 @@
 
 Nothing here touches the internet: the server listens on 127.0.0.1 on an
 ephemeral port, and the "no network" case uses a port that was just closed.
+Each test has its own system temporary folder (TMPDIR), where the lock and
+the failure record live, so their files can be checked as well.
 """
 
 import hashlib
 import http.server
 import io
-import logging
+import json
 import multiprocessing
 import os
 import random
 import socket
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +32,7 @@ import ptb_download  # noqa: E402
 from ptb_download import PTBDataError  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
-PTB_FILES = {"ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"}
+PTB_FILES = ["ptb.test.txt", "ptb.train.txt", "ptb.valid.txt"]
 MEMBER = "simple-examples/data/ptb.{}.txt"
 
 
@@ -73,6 +76,7 @@ def good_entries(skip=()):
 
 
 ARCHIVE = tar_bytes(good_entries())
+ARCHIVE_SHA256 = hashlib.sha256(ARCHIVE).hexdigest()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -84,34 +88,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         server = self.server
         with server.lock:
-            server.requests.append(self.headers.get("Range"))
+            server.requests.append(self.path)
             mode = server.mode
-            if mode == "cut_once":
-                server.mode = "ok"
         time.sleep(server.delay)
         getattr(self, f"serve_{mode}")()
 
     def serve_ok(self):
         data = self.server.archive
-        asked = self.headers.get("Range")
-        if asked and self.server.ranges:
-            start = int(asked.split("=")[1].split("-")[0])
-            self.send_response(206)
-            self.send_header("Content-Range",
-                             f"bytes {start}-{len(data) - 1}/{len(data)}")
-            data = data[start:]
-        else:
-            self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def serve_cut_once(self):
-        data = self.server.archive
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data[:self.server.cut_at])
+        self.wfile.write(data)
 
     def serve_truncate(self):
         data = self.server.archive
@@ -143,9 +130,7 @@ def server():
     srv.requests = []
     srv.archive = ARCHIVE
     srv.mode = "ok"
-    srv.ranges = True
     srv.delay = 0.0
-    srv.cut_at = len(ARCHIVE) // 2
     srv.url = f"http://127.0.0.1:{srv.server_port}/simple-examples.tgz"
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,),
                               daemon=True)
@@ -157,9 +142,19 @@ def server():
     thread.join(10)
 
 
+@pytest.fixture(autouse=True)
+def system_tmp(tmp_path, monkeypatch):
+    """A temporary folder of the test's own, here and in the processes it starts."""
+    folder = tmp_path / "system_tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 def fetch(target, url, **kwargs):
-    kwargs = {"expected_sha256": SHA256, "retries": 0, "backoff": 0.01,
-              "progress": False, **kwargs}
+    kwargs = {"expected_sha256": SHA256, "retries": 0, "progress": False,
+              **kwargs}
     return ptb_download.prepare_data(target, url=url, **kwargs)
 
 
@@ -168,39 +163,56 @@ def assert_good_files(target):
         assert (target / f"ptb.{split}.txt").read_bytes() == TEXTS[split]
 
 
-def ptb_files_in(target):
-    return PTB_FILES & set(os.listdir(target)) if target.exists() else set()
+def listing(folder):
+    return sorted(os.listdir(folder))
 
 
 def tree(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+def lock_files(target):
+    key = hashlib.sha256(os.fsencode(os.path.realpath(target))).hexdigest()[:16]
+    return f"ptb_download.{key}.lock", f"ptb_download.{key}.failed"
+
+
+def closed_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def could_not_download(url, reason, target):
+    return (f"could not download {url}: {reason}. Download simple-examples.tgz "
+            f"elsewhere and put ptb.train.txt, ptb.valid.txt, ptb.test.txt into "
+            f"{target}, or set PTB_URL to a mirror")
+
+
 @pytest.mark.timeout(60)
 def test_download_verifies_and_places_the_files(server, tmp_path, monkeypatch,
-                                                caplog, capfd):
+                                                capfd, system_tmp):
     target = tmp_path / "data"
-    (target / ".ptb_extract_leftover").mkdir(parents=True)
-    (target / ".ptb_extract_leftover" / "ptb.train.txt").write_bytes(b"half")
+    # What a run killed on this host leaves, and another host's work in progress.
+    mine = target / f".ptb_download.{socket.gethostname()}.x1"
+    theirs = target / ".ptb_download.otherhost.x2"
+    for folder in (mine, theirs):
+        folder.mkdir(parents=True)
+        (folder / "simple-examples.tgz").write_bytes(b"half")
     monkeypatch.setenv("PTB_URL", server.url)
-    caplog.set_level(logging.WARNING, logger="ptb_download")
 
     paths = ptb_download.prepare_data(target, expected_sha256=SHA256, retries=0)
 
     assert paths == {s: os.path.join(target, f"ptb.{s}.txt") for s in SPLITS}
     assert_good_files(target)
-    # the interrupted extraction is cleaned up and the archive is removed
-    assert sorted(os.listdir(target)) == [
-        ".ptb_download.lock", "ptb.test.txt", "ptb.train.txt", "ptb.valid.txt"]
-    assert server.requests == [None]
-    assert any("md5" in r.getMessage() and r.levelno == logging.WARNING
-               for r in caplog.records)
-    # stderr is not a terminal under pytest: plain lines, no \r bar
-    err = capfd.readouterr().err
-    assert f"downloading {server.url}\n" in err and "\r" not in err
+    assert listing(target) == [theirs.name] + PTB_FILES
+    assert listing(theirs) == ["simple-examples.tgz"]
+    assert server.requests == ["/simple-examples.tgz"]
+    assert listing(system_tmp) == [lock_files(target)[0]]
+    # stderr is not a terminal under pytest: one plain line, no \r bar
+    assert capfd.readouterr().err == f"downloading {server.url}\n"
 
     assert ptb_download.prepare_data(target) == paths
-    assert server.requests == [None]
+    assert server.requests == ["/simple-examples.tgz"]
 
 
 @pytest.mark.timeout(60)
@@ -217,24 +229,105 @@ def test_progress_true_draws_the_bar_and_false_prints_nothing(server, tmp_path,
 
 
 @pytest.mark.timeout(60)
-def test_checksum_mismatch_places_nothing_then_a_rerun_repairs(server,
-                                                               tmp_path):
+def test_archive_hash_is_checked_by_pooch(server, tmp_path):
+    target = tmp_path / "data"
+    with pytest.raises(PTBDataError) as e:
+        fetch(target, server.url, retries=1, archive_sha256="0" * 64)
+    assert str(e.value) == could_not_download(
+        server.url,
+        f"SHA256 hash of downloaded file (simple-examples.tgz) does not match "
+        f"the known hash: expected sha256:{'0' * 64} but got {ARCHIVE_SHA256}",
+        target)
+    assert len(server.requests) == 2  # a corrupt transfer is tried again
+    assert listing(target) == []
+
+    fetch(target, server.url, archive_sha256=ARCHIVE_SHA256)
+    assert_good_files(target)
+
+
+@pytest.mark.timeout(60)
+def test_member_checksum_mismatch_places_nothing_then_a_rerun_repairs(
+        server, tmp_path, system_tmp):
     target = tmp_path / "data"
     wrong = dict(SHA256, valid="0" * 64)
     with pytest.raises(PTBDataError) as e:
         fetch(target, server.url, expected_sha256=wrong)
-    archive = target / "simple-examples.tgz"
     assert str(e.value) == (
-        f"ptb.valid.txt from {archive} has sha256 {SHA256['valid']}, expected "
-        f"{'0' * 64}: the download is corrupt or not PTB; it was deleted, run "
-        f"again or set PTB_URL to another mirror")
-    assert ptb_files_in(target) == set()
-    assert not archive.exists()
-    assert not [n for n in os.listdir(target) if n.startswith(".ptb_extract")]
+        f"ptb.valid.txt from {server.url} has sha256 {SHA256['valid']}, "
+        f"expected {'0' * 64}: the download is corrupt or not PTB: run again "
+        f"or set PTB_URL to another mirror")
+    assert listing(target) == []
+    lock, failed = lock_files(target)
+    assert listing(system_tmp) == [failed, lock]
+    record = json.loads((system_tmp / failed).read_text())
+    assert record["error"] == str(e.value)
 
+    # That record is an earlier run's now: it does not stop this one.
     fetch(target, server.url)
     assert_good_files(target)
-    assert server.requests == [None, None]
+    assert len(server.requests) == 2
+    assert listing(target) == PTB_FILES
+    assert listing(system_tmp) == [lock]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("record", [
+    json.dumps({"time": 1.0, "error": "an old failure"}),
+    "{not json", json.dumps({"error": "no time"})])
+def test_an_old_or_broken_failure_record_does_not_block_a_run(
+        server, tmp_path, system_tmp, record):
+    target = tmp_path / "data"
+    target.mkdir()
+    (system_tmp / lock_files(target)[1]).write_text(record)
+    fetch(target, server.url)
+    assert_good_files(target)
+    assert len(server.requests) == 1
+
+
+def failing(server, case):
+    """Sets the server up for one kind of failure; returns url, fetch kwargs
+    and the error line's start."""
+    url = server.url
+    if case == "refused":
+        url = f"http://127.0.0.1:{closed_port()}/simple-examples.tgz"
+        return url, {}, f"could not download {url}: Connection refused. "
+    if case == "404":
+        server.mode = "missing"
+        return url, {}, f"could not download {url}: HTTP 404 Not Found. "
+    if case == "truncated":
+        server.mode = "truncate"
+        return url, {}, f"could not download {url}: connection closed before"
+    if case == "archive-hash":
+        return url, {"archive_sha256": "0" * 64}, f"could not download {url}: SHA256 hash"
+    if case == "member-hash":
+        return url, {"expected_sha256": dict(SHA256, test="0" * 64)}, f"ptb.test.txt from {url} has sha256"
+    if case == "link-member":
+        server.archive = tar_bytes(good_entries(skip=["train"])
+                                   + [symlink(MEMBER.format("train"), "/etc/passwd")])
+        return url, {}, f"{url} member '{MEMBER.format('train')}' is not one regular file"
+    if case == "not-a-tar":
+        server.archive = b"<html>not found</html>"
+        return url, {}, f"{url} is not a readable tar.gz ("
+    raise AssertionError(case)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["refused", "404", "truncated", "archive-hash",
+                                  "member-hash", "link-member", "not-a-tar"])
+def test_a_failed_download_leaves_the_data_folder_as_it_was(server, tmp_path,
+                                                            case):
+    target = tmp_path / "data"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine\n")
+    (target / "ptb.valid.txt").write_text(" a valid split without train \n")
+    before = tree(target)
+    url, kwargs, message = failing(server, case)
+    with pytest.raises(PTBDataError) as e:
+        fetch(target, url, **kwargs)
+    assert str(e.value).startswith(message), str(e.value)
+    assert "\n" not in str(e.value)
+    assert tree(target) == before
+    assert (target / "ptb.valid.txt").read_text() == " a valid split without train \n"
 
 
 @pytest.mark.timeout(60)
@@ -243,12 +336,10 @@ def test_truncated_body_is_retried_then_fails(server, tmp_path):
     target = tmp_path / "data"
     with pytest.raises(PTBDataError) as e:
         fetch(target, server.url, retries=2)
-    message = str(e.value)
-    assert message.startswith(f"could not download {server.url}: ")
-    assert f"of {len(ARCHIVE) + 1000} bytes" in message
-    assert "\n" not in message
+    assert str(e.value) == could_not_download(
+        server.url, "connection closed before the whole file arrived", target)
     assert len(server.requests) == 3
-    assert ptb_files_in(target) == set()
+    assert listing(target) == []
 
 
 @pytest.mark.timeout(60)
@@ -259,44 +350,10 @@ def test_stalled_server_hits_the_read_timeout(server, tmp_path):
     with pytest.raises(PTBDataError) as e:
         fetch(target, server.url, timeout=(1, 1), retries=1)
     assert time.monotonic() - started < 8
-    assert str(e.value).startswith(
-        f"could not download {server.url}: server sent nothing for 1s")
+    assert str(e.value) == could_not_download(
+        server.url, "server sent nothing for 1s", target)
     assert len(server.requests) == 2
-    assert ptb_files_in(target) == set()
-
-
-@pytest.mark.timeout(60)
-def test_interrupted_download_resumes_with_a_range_request(server, tmp_path):
-    # Incompressible filler, so the cut falls after at least one whole chunk
-    # that the client has written (the chunk in flight is lost).
-    filler = random.Random(1).randbytes(300_000)
-    server.archive = tar_bytes(good_entries()
-                               + [regular("simple-examples/filler", filler)])
-    server.cut_at = len(server.archive) // 2
-    server.mode = "cut_once"
-    target = tmp_path / "data"
-    with pytest.raises(PTBDataError):
-        fetch(target, server.url)
-    part = target / "simple-examples.tgz.part"
-    kept = part.stat().st_size
-    assert 0 < kept <= server.cut_at
-    assert ptb_files_in(target) == set()
-
-    fetch(target, server.url)
-    assert server.requests == [None, f"bytes={kept}-"]
-    assert_good_files(target)
-    assert not part.exists()
-
-
-@pytest.mark.timeout(60)
-def test_server_without_ranges_restarts_the_part(server, tmp_path):
-    server.ranges = False
-    target = tmp_path / "data"
-    target.mkdir()
-    (target / "simple-examples.tgz.part").write_bytes(b"x" * 100)
-    fetch(target, server.url)
-    assert server.requests == ["bytes=100-"]
-    assert_good_files(target)
+    assert listing(target) == []
 
 
 def symlink(name, to):
@@ -318,51 +375,68 @@ def directory(name):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("bad_name", "entries"), [
-    ("../simple-examples/data/ptb.train.txt",
-     good_entries() + [regular("../simple-examples/data/ptb.train.txt",
-                               b" evil \n")]),
-    ("simple-examples/data/../../data/ptb.valid.txt",
-     good_entries(skip=["valid"])
-     + [regular("simple-examples/data/../../data/ptb.valid.txt", b" x \n")]),
-    ("/tmp/simple-examples/data/ptb.test.txt",
-     good_entries(skip=["test"])
-     + [regular("/tmp/simple-examples/data/ptb.test.txt", b" x \n")]),
-    ("simple-examples/data/ptb.train.txt",
-     good_entries(skip=["train"])
-     + [symlink("simple-examples/data/ptb.train.txt", "/etc/passwd")]),
-    ("simple-examples/data/ptb.test.txt",
-     good_entries(skip=["test"])
-     + [hardlink("simple-examples/data/ptb.test.txt",
-                 "simple-examples/data/ptb.train.txt")]),
-    ("simple-examples/data/ptb.test.txt",
-     good_entries(skip=["test"])
-     + [directory("simple-examples/data/ptb.test.txt")]),
-], ids=["dotdot", "dotdot-inside", "absolute", "symlink", "hardlink",
-        "directory"])
-def test_unsafe_members_are_refused(server, tmp_path, bad_name, entries):
+@pytest.mark.parametrize(("split", "entries"), [
+    ("train", good_entries(skip=["train"])
+     + [symlink(MEMBER.format("train"), "/etc/passwd")]),
+    ("test", good_entries(skip=["test"])
+     + [hardlink(MEMBER.format("test"), MEMBER.format("train"))]),
+    ("test", good_entries(skip=["test"]) + [directory(MEMBER.format("test"))]),
+    ("train", good_entries() + [regular(MEMBER.format("train"), b" x \n")]),
+    ("valid", good_entries() + [regular("./" + MEMBER.format("valid"), b" x \n")]),
+], ids=["symlink", "hardlink", "directory", "twice", "twice-with-dot-slash"])
+def test_a_member_that_is_not_one_regular_file_is_refused(server, tmp_path,
+                                                          split, entries):
     server.archive = tar_bytes(entries)
     target = tmp_path / "data"
     with pytest.raises(PTBDataError) as e:
         fetch(target, server.url, expected_sha256={})
-    assert str(e.value).startswith(
-        f"{target / 'simple-examples.tgz'} member {bad_name!r} ")
-    assert "refusing to extract" in str(e.value)
-    assert tree(tmp_path) == ["data", "data/.ptb_download.failed",
-                              "data/.ptb_download.lock"]
+    assert str(e.value) == (
+        f"{server.url} member 'simple-examples/data/ptb.{split}.txt' is not "
+        f"one regular file: refusing to extract; check PTB_URL points at the "
+        f"real simple-examples.tgz")
+    lock, failed = lock_files(target)
+    assert tree(tmp_path) == ["data", "system_tmp", f"system_tmp/{failed}",
+                              f"system_tmp/{lock}"]
 
 
 @pytest.mark.timeout(60)
-def test_unsafe_members_we_do_not_need_are_ignored(server, tmp_path):
+def test_other_members_are_never_read(server, tmp_path):
+    """Only the three exact names are read, so look-alikes with paths that
+    would escape the folder, links and anything else write nothing."""
     server.archive = tar_bytes(
-        [regular("../evil.txt", b"evil"), regular("/tmp/evil.txt", b"evil"),
-         symlink("simple-examples/link", "/etc")] + good_entries())
+        [regular("../simple-examples/data/ptb.train.txt", b" evil \n"),
+         regular("/tmp/simple-examples/data/ptb.test.txt", b" evil \n"),
+         regular("simple-examples/data/../../data/ptb.valid.txt", b" evil \n"),
+         regular("../evil.txt", b"evil"), symlink("simple-examples/link", "/etc")]
+        + [regular("./" + MEMBER.format("train"), TEXTS["train"])]
+        + good_entries(skip=["train"]))
     target = tmp_path / "data"
     fetch(target, server.url)
     assert_good_files(target)
-    assert tree(tmp_path) == ["data", "data/.ptb_download.lock",
-                              "data/ptb.test.txt", "data/ptb.train.txt",
-                              "data/ptb.valid.txt"]
+    assert tree(target) == PTB_FILES
+    assert tree(tmp_path) == sorted(["data", "system_tmp"]
+                                    + [f"data/{name}" for name in PTB_FILES]
+                                    + [f"system_tmp/{lock_files(target)[0]}"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("split", "look_alike"), [
+    ("valid", "simple-examples/data/../../data/ptb.valid.txt"),
+    ("test", "/tmp/simple-examples/data/ptb.test.txt"),
+    ("train", "../simple-examples/data/ptb.train.txt"),
+    ("train", "simple-examples/data/ptb.train.txt/"),
+])
+def test_a_look_alike_does_not_stand_in_for_a_missing_member(server, tmp_path,
+                                                             split, look_alike):
+    server.archive = tar_bytes(good_entries(skip=[split])
+                               + [regular(look_alike, TEXTS[split])])
+    target = tmp_path / "data"
+    with pytest.raises(PTBDataError) as e:
+        fetch(target, server.url)
+    assert str(e.value) == (
+        f"{server.url} lacks simple-examples/data/ptb.{split}.txt: check "
+        f"PTB_URL points at the real simple-examples.tgz")
+    assert listing(target) == []
 
 
 @pytest.mark.timeout(60)
@@ -371,46 +445,72 @@ def test_archive_missing_a_member(server, tmp_path):
     target = tmp_path / "data"
     with pytest.raises(PTBDataError) as e:
         fetch(target, server.url)
-    assert str(e.value).startswith(
-        f"{target / 'simple-examples.tgz'} lacks "
-        f"simple-examples/data/ptb.test.txt: ")
-    assert ptb_files_in(target) == set()
+    assert str(e.value) == (
+        f"{server.url} lacks simple-examples/data/ptb.test.txt: check PTB_URL "
+        f"points at the real simple-examples.tgz")
+    assert listing(target) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("body", "problem"), [
+    (b"<html>not found</html>", "not a gzip file"),
+    (ARCHIVE[:len(ARCHIVE) // 2],
+     "Compressed file ended before the end-of-stream marker was reached"),
+    # zlib's own words follow; they vary between zlib builds.
+    (ARCHIVE[:10] + bytes(len(ARCHIVE) - 10), "zlib error: Error -3 while decompressing data: "),
+], ids=["html", "cut-short", "zeroed"])
+def test_an_archive_that_is_not_a_tar_gz(server, tmp_path, body, problem):
+    server.archive = body
+    target = tmp_path / "data"
+    with pytest.raises(PTBDataError) as e:
+        fetch(target, server.url)
+    message = str(e.value)
+    assert message.startswith(f"{server.url} is not a readable tar.gz ({problem}")
+    assert message.endswith("): check PTB_URL points at the real simple-examples.tgz")
+    assert "\n" not in message
+    assert listing(target) == []
 
 
 @pytest.mark.timeout(60)
 def test_http_404_is_not_retried(server, tmp_path):
     server.mode = "missing"
+    target = tmp_path / "data"
     with pytest.raises(PTBDataError) as e:
-        fetch(tmp_path / "data", server.url, retries=3)
-    assert str(e.value).startswith(
-        f"could not download {server.url}: HTTP 404 Not Found. ")
-    assert server.requests == [None]
+        fetch(target, server.url, retries=3)
+    assert str(e.value) == could_not_download(server.url, "HTTP 404 Not Found",
+                                              target)
+    assert server.requests == ["/simple-examples.tgz"]
 
 
-def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.mark.timeout(60)
+def test_http_500_is_retried(server, tmp_path):
+    server.mode = "error500"
+    target = tmp_path / "data"
+    with pytest.raises(PTBDataError) as e:
+        fetch(target, server.url, retries=1)
+    assert str(e.value) == could_not_download(
+        server.url, "HTTP 500 Internal Server Error", target)
+    assert len(server.requests) == 2
 
 
 def test_no_network_names_the_url_and_the_local_copy(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}/simple-examples.tgz"
     target = tmp_path / "data"
     with pytest.raises(PTBDataError) as e:
-        fetch(target, url, retries=1)
+        fetch(target, url)
     assert str(e.value) == (
         f"could not download {url}: Connection refused. Download "
         f"simple-examples.tgz elsewhere and put ptb.train.txt, ptb.valid.txt, "
         f"ptb.test.txt into {target}, or set PTB_URL to a mirror")
-    assert ptb_files_in(target) == set()
+    assert listing(target) == []
 
 
 def _worker(target, url, barrier, results):
     barrier.wait(30)
     try:
         paths = ptb_download.prepare_data(target, url=url,
-                                        expected_sha256=SHA256, retries=1,
-                                        backoff=0.05, progress=False)
+                                          expected_sha256=SHA256, retries=1,
+                                          progress=False)
         results.put(("ok", paths))
     except PTBDataError as e:
         results.put(("error", str(e)))
@@ -435,32 +535,34 @@ def run_three(target, url):
 
 
 @pytest.mark.timeout(60)
-def test_three_processes_download_once(server, tmp_path):
+def test_three_processes_download_once(server, tmp_path, system_tmp):
     server.delay = 0.3  # so the other two are surely waiting on the lock
     target = tmp_path / "data"
     outcomes = run_three(target, server.url)
-    assert [kind for kind, _ in outcomes] == ["ok"] * 3
-    assert server.requests == [None]
+    paths = {s: os.path.join(target, f"ptb.{s}.txt") for s in SPLITS}
+    assert outcomes == [("ok", paths)] * 3
+    assert server.requests == ["/simple-examples.tgz"]
     assert_good_files(target)
+    assert listing(target) == PTB_FILES
+    assert listing(system_tmp) == [lock_files(target)[0]]
 
 
 @pytest.mark.timeout(60)
-def test_three_processes_share_one_failure_and_a_later_run_retries(server,
-                                                                   tmp_path):
+def test_three_processes_share_one_failure_and_a_later_run_retries(
+        server, tmp_path, system_tmp):
     server.mode = "error500"
     server.delay = 0.5  # the failing download outlasts the others' start
     target = tmp_path / "data"
     outcomes = run_three(target, server.url)
-    expected = (
-        f"could not download {server.url}: HTTP 500 Internal Server Error. "
-        f"Download simple-examples.tgz elsewhere and put ptb.train.txt, "
-        f"ptb.valid.txt, ptb.test.txt into {target}, or set PTB_URL to a "
-        f"mirror")
+    expected = could_not_download(server.url, "HTTP 500 Internal Server Error",
+                                  target)
     assert outcomes == [("error", expected)] * 3
     assert len(server.requests) == 2  # one process, first try and one retry
-    assert ptb_files_in(target) == set()
+    assert listing(target) == []
 
     server.mode, server.delay = "ok", 0.0
     fetch(target, server.url)
     assert_good_files(target)
-    assert not (target / ".ptb_download.failed").exists()
+    assert len(server.requests) == 3
+    assert listing(target) == PTB_FILES
+    assert listing(system_tmp) == [lock_files(target)[0]]
