@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from ptb_reader import EOS, UNK
 from runtime import inference
-from runtime.cli import UsageError
+from runtime.errors import UsageError
 
 
 def _sample(logits, temperature, rng):

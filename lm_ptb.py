@@ -8,16 +8,17 @@ the same loop with Horovod.
 """
 import sys
 
-from runtime import cli, context
+from runtime import cli
 
 
 def main(argv=None, callbacks=()):
     """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
     args = cli.parse_args(argv, distributed=False)
+    from runtime import context, job  # TensorFlow loads here, once the arguments are read
     intra, inter = context.configure_cpu_threads(local_size=1)
     device = "GPU:0" if context.pin_gpu(local_rank=0) else "CPU"
     ctx = context.LocalContext()
-    return cli.run(args, ctx, intra, inter, device, callbacks)
+    return job.run(args, ctx, intra, inter, device, callbacks)
 
 
 if __name__ == "__main__":

@@ -9,23 +9,24 @@ runtime.trainer.train_and_evaluate, the same one lm_ptb.py runs.
 """
 import sys
 
-from runtime import cli, context
+from runtime import cli
 
 
 def main(argv=None, callbacks=()):
     """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
     args = cli.parse_args(argv, distributed=True)
+    from runtime import context, job  # TensorFlow loads here, once the arguments are read
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
-    context.apply_horovod_defaults()  # Horovod: 1. No tensor fusion, a 0.2 ms cycle, unless the env sets them.
+    context.set_horovod_tuning()  # Horovod: 1. No tensor fusion, a 0.2 ms cycle, unless the env sets them.
     hvd.init()
     cli.check_world_size(hvd.size())  # Horovod: 1. Never train N copies of a world of one.
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
     intra, inter = context.configure_cpu_threads(local_size=hvd.local_size())
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
-    # Horovod: 3-4. The context averages gradients and broadcasts rank 0's weights (runtime/context.py).
+    # Horovod: 3-4. The context averages gradients; the loop starts every rank from rank 0's weights.
     ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
-    return cli.run(args, ctx, intra, inter, device, callbacks)
+    return job.run(args, ctx, intra, inter, device, callbacks)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ Processes on one host sharing ``data_path`` take turns on a lock (filelock) in t
 folder: the first downloads, the others find the files or, if that download failed, raise its error
 (kept beside the lock) rather than try again.
 
-PTBDataError, the one error of the data modules, is defined here because ptb_reader.py builds on this
-module. It never imports Horovod or TensorFlow.
+Its errors are runtime.errors.PTBDataError, the one error of the data modules. It never imports
+Horovod or TensorFlow.
 """
 
 import contextlib
@@ -33,6 +33,7 @@ import pooch
 import requests
 
 from runtime.atomic_files import atomic_write
+from runtime.errors import PTBDataError
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,6 @@ SHA256_BY_SPLIT = {
     "valid": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
     "test": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
 }
-
-
-class PTBDataError(Exception):
-    """A data problem the user can fix; the message is one line with the fix."""
 
 
 def prepare_data(data_path, url=None, timeout=(10, 60), retries=3, progress=None, expected_sha256=None,

@@ -14,6 +14,7 @@ import time
 from benchmarks.analytic import analytic_flops, gradient_bytes
 from benchmarks.results import RESULT_TAG, spread
 from runtime import context
+from runtime.plan import BatchPlan
 
 
 def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
@@ -159,7 +160,7 @@ def _start_horovod(**context_args):
     the threads hvd.init() started: Horovod's background thread and MPI's helpers)."""
     import horovod.tensorflow as hvd
 
-    context.apply_horovod_defaults()
+    context.set_horovod_tuning()
     before = _thread_ids()
     hvd.init()
     return hvd, context.HorovodContext(hvd, **context_args), sorted(_thread_ids() - before)
@@ -191,7 +192,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     from texar_lite import optimization
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
-    plan = trainer.BatchPlan.from_config(config, ctx.size)
+    plan = BatchPlan.from_config(config, ctx.size)
     model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tf_ops)
     model.decoder.input_gradient_first = backward != "unordered"
     optimizer = optimization.get_optimizer(config["opt"])
@@ -254,11 +255,10 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
     context.configure_cpu_threads(ctx.local_size)
     import tensorflow as tf
 
-    from runtime import trainer
     from texar_lite.losses import sequence_sparse_softmax_cross_entropy
     from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name)
-    plan = trainer.BatchPlan.from_config(config, ctx.size)
+    plan = BatchPlan.from_config(config, ctx.size)
     model = LanguageModel(config, config["vocab_size"], seed=1234)
     x, y = next(_batches(config, data_path, ctx.rank, ctx.size, plan.global_batch))
     with tf.GradientTape() as tape:

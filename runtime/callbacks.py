@@ -41,3 +41,42 @@ class StepCallback:
         """The step is taken. `loss`, a finite float and the same on every rank, is
         its cross entropy summed over the num_steps time steps and averaged over
         the rows of the global batch: exp(loss / num_steps) is its perplexity."""
+
+    # --- phase events: what the fault layer (faults/layer.py) follows -------
+
+    def before_checkpoint(self, epoch, step):
+        """A checkpoint of the position after `step` steps of `epoch` starts (step 0:
+        the end of epoch `epoch`, counted from 1). Rank 0 writes; the others wait."""
+
+    def progress(self):
+        """This rank made progress inside a long phase: an evaluation batch is
+        scored, or rank 0 said that it still works alone."""
+
+    def end(self):
+        """Training and the test evaluation are over; the ranks gather the results."""
+
+    def snapshot_due(self, epoch, step):
+        """Whether the loop should take a snapshot of its position after `step`
+        steps of `epoch` (a collective: the answer must be the same on every rank)."""
+        return False
+
+    def after_snapshot(self, position):
+        """`position` (runtime.checkpointing.Position) is the loop's snapshot: at the
+        steps some callback asked for, at every --checkpoint_every step, and at
+        the end of each epoch after its checkpoint."""
+
+
+class CallbackList:
+    """Calls every callback's event in the order given."""
+
+    def __init__(self, callbacks):
+        self.callbacks = list(callbacks)
+
+    def __getattr__(self, event):
+        def call(*args):
+            for callback in self.callbacks:
+                getattr(callback, event)(*args)
+        return call
+
+    def snapshot_due(self, epoch, step):
+        return any([callback.snapshot_due(epoch, step) for callback in self.callbacks])

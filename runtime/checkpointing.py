@@ -7,6 +7,7 @@ masks are a function of (seed, epoch, step, row), so the position is all the
 RNG state there is. The LSTM state is kept for the global batch, not per rank,
 so a 2-rank checkpoint resumes on 1 rank (and back) at the same global batch.
 """
+import dataclasses
 import json
 import os
 import re
@@ -14,9 +15,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint; the message says what to pass instead."""
+from runtime.errors import CheckpointError
 
 
 def _reason(err):
@@ -27,10 +26,18 @@ def _reason(err):
     return text.rsplit("; ", 1)[-1]
 
 
-def fresh_position(global_batch):
-    """Where a new run starts: what a checkpoint, or an elastic commit, records."""
-    return {"epoch": 0, "step": 0, "state": None, "costs": 0.0, "elapsed": 0.0, "metrics": [],
-            "best_valid": float("inf"), "global_batch": global_batch}
+@dataclasses.dataclass
+class Position:
+    """Where training is: what a checkpoint, or an elastic commit, records besides the weights."""
+    global_batch: int
+    epoch: int = 0               # finished epochs: mid-epoch, the current one (0-based)
+    step: int = 0                # steps taken in `epoch`
+    state: object = None         # the global [L, 2, B, H] LSTM state after `step` (None: zeros)
+    costs: float = 0.0           # the epoch's summed loss so far
+    elapsed: float = 0.0         # the epoch's training seconds so far
+    metrics: list = dataclasses.field(default_factory=list)  # one record per finished epoch
+    best_valid: float = float("inf")
+    path: str = ""               # the checkpoint it was restored from, if any
 
 
 def global_lstm_state(ctx, state):
@@ -94,45 +101,37 @@ class TrainCheckpoint:
                               tf.train.CheckpointManager(self.checkpoint, self.best_directory, max_to_keep=1))
         return self._managers
 
-    def save(self, position, best=False):
+    def save(self, position, best=False, waiting=None):
         """Called on every rank with the same `position` (global LSTM state
-        included); rank 0 writes, also to best/ when `best`. Returns the
-        checkpoint path on every rank.
+        included); rank 0 writes, also to best/ when `best`, while the others
+        call `waiting()` now and then. Returns the checkpoint path on every rank.
 
         A failed write (disk full, say) raises CheckpointError on every rank,
         so no rank waits in a collective for one that has given up.
         """
-        epoch, step = position["epoch"], position["step"]
-        # position["epoch"] counts finished epochs: mid-epoch it is the current one, 0-based.
-        self.ctx.watch("checkpoint", f"epoch {epoch + 1}, step {step}" if step else f"end of epoch {epoch}")
-
         def write():
             try:
-                return {"path": self._write(position, best)}
+                return self._write(position, best)
             except (OSError, tf.errors.OpError) as err:
                 # The one --resume reads: the index on disk. The manager already
                 # names the new one when only the index could not be written.
                 previous = tf.train.latest_checkpoint(self.directory) or "none yet"
-                return {"error": f"cannot write a checkpoint to {self.directory} "
-                                 f"({_reason(err)}); the last complete one ({previous}) "
-                                 "is intact: free some space and resume from it with --resume"}
+                raise CheckpointError(f"cannot write a checkpoint to {self.directory} ({_reason(err)}); the last "
+                                      f"complete one ({previous}) is intact: free some space and resume from it "
+                                      "with --resume") from None
 
-        # The other ranks wait at the chief rendezvous, not in one long collective.
-        outcome = self.ctx.run_on_chief(write)
-        if "error" in outcome:
-            raise CheckpointError(outcome["error"])
-        return outcome["path"]
+        return self.ctx.run_on_chief(write, waiting=waiting, shared_errors=(CheckpointError,))
 
     def _write(self, position, best):
         latest_manager, best_manager = self.managers()
-        self.epoch.assign(position["epoch"])
-        self.step.assign(position["step"])
-        self.global_batch.assign(position["global_batch"])
-        self.costs.assign(position["costs"])
-        self.elapsed.assign(position["elapsed"])
-        self.metrics.assign(json.dumps(position["metrics"]))
-        self.best_valid.assign(position["best_valid"])
-        state = position["state"]
+        self.epoch.assign(position.epoch)
+        self.step.assign(position.step)
+        self.global_batch.assign(position.global_batch)
+        self.costs.assign(position.costs)
+        self.elapsed.assign(position.elapsed)
+        self.metrics.assign(json.dumps(position.metrics))
+        self.best_valid.assign(position.best_valid)
+        state = position.state
         self.lstm_state.assign(state if state is not None else tf.zeros_like(self.lstm_state[:, :, :0]))
         # Numbered by training steps taken, not by the save counter that both
         # managers share, so that latest and best of one moment carry one
@@ -181,20 +180,17 @@ class TrainCheckpoint:
             raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
                                   "the --config and --set it was trained with") from None
         step = int(self.step.numpy())
-        return {"epoch": int(self.epoch.numpy()), "step": step,
-                "state": self.lstm_state.numpy() if step else None, "costs": float(self.costs.numpy()),
-                "elapsed": float(self.elapsed.numpy()), "metrics": json.loads(self.metrics.numpy().decode()),
-                "best_valid": float(self.best_valid.numpy()), "global_batch": saved_batch, "path": path}
+        return Position(epoch=int(self.epoch.numpy()), step=step, state=self.lstm_state.numpy() if step else None,
+                        costs=float(self.costs.numpy()), elapsed=float(self.elapsed.numpy()),
+                        metrics=json.loads(self.metrics.numpy().decode()), best_valid=float(self.best_valid.numpy()),
+                        global_batch=saved_batch, path=path)
 
     def initial_position(self, resume, global_batch):
         """Rank 0's start: the position of `resume` ("latest" or a path) with the
-        weights restored, or a fresh one, or {"error": message}; the other ranks
-        get a fresh one. No collective: the context shares rank 0's start
-        (runtime/context.py), and an elastic worker that joins later runs this too.
+        weights restored, or a fresh one; the other ranks get a fresh one.
+        Raises CheckpointError on rank 0 alone. No collective: the run shares
+        rank 0's start, and an elastic worker that joins later runs this too.
         """
         if not resume or not self.ctx.is_chief:
-            return fresh_position(global_batch)
-        try:
-            return self._restore(resume, global_batch)
-        except CheckpointError as err:
-            return {"error": str(err)}
+            return Position(global_batch)
+        return self._restore(resume, global_batch)

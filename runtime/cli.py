@@ -1,29 +1,20 @@
-"""The command line shared by lm_ptb.py and lm_ptb_distributed.py.
+"""The command line shared by lm_ptb.py and lm_ptb_distributed.py, and the
+checks a launcher needs before Horovod starts.
 
-Errors a user can fix end in one line on stderr and exit status 2 (usage and
-config) or 1 (data, checkpoints, training), decided alike on every rank.
+No TensorFlow here: `--help` answers before it loads. runtime/job.py runs
+the parsed command.
 """
 import argparse
-import json
 import os
-import shutil
 import sys
-import traceback
 
-import ptb_reader
-from runtime import config as config_lib
-from runtime import context, logs, trainer
-from runtime.checkpointing import CheckpointError
-from runtime.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
-
-USAGE_EXIT, ERROR_EXIT = 2, 1
+from faults.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
+from runtime import logs
+from runtime.errors import ERROR_EXIT
+from runtime.options import RunOptions
 
 # Variables that MPI and Gloo launchers set in every process they start.
 LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-class UsageError(ValueError):
-    """A bad command-line value other than the config (paths, flags)."""
 
 
 def hang_timeout(text):
@@ -37,7 +28,7 @@ def hang_timeout(text):
 
 
 def build_parser(distributed):
-    defaults = trainer.RunOptions()
+    defaults = RunOptions()
     parser = argparse.ArgumentParser(
         description="Train the Zaremba LSTM language model on PTB"
                     + (" with Horovod (run under mpirun or horovodrun)." if distributed else "."),
@@ -74,7 +65,7 @@ def build_parser(distributed):
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
         group.add_argument("--sparse_as_dense", action="store_true",
                            help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
-        group.add_argument("--commit_every", type=int, default=defaults.commit_every, metavar="STEPS",
+        group.add_argument("--commit_every", type=int, default=20, metavar="STEPS",
                            help="under horovodrun's elastic mode, commit the training state to memory every "
                                 "STEPS steps (and at each epoch's end): a lost host costs at most STEPS steps")
         group.add_argument("--hang_timeout", type=hang_timeout, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
@@ -129,164 +120,14 @@ def check_world_size(size):
 
 def error_status(message, code):
     """Writes one "error: message" line on stderr and returns code, the exit status to end with."""
-    _error_line(f"error: {message}")
+    error_line(f"error: {message}")
     return code
 
 
-def _error_line(text):
+def error_line(text):
     # One write per line: stderr writes through, so print()'s separate newline
     # would let another rank's line, forwarded by mpirun, land in between.
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
-
-def weight_count(config, vocab_size):
-    """The model's weights: the embedding, each LSTM layer's kernel and bias (the first
-    layer's input is the embedding) and the softmax layer."""
-    units, dim, layers = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"], config["cell"]["num_layers"]
-    lstm = sum(4 * units * ((dim if layer == 0 else units) + units + 1) for layer in range(layers))
-    return vocab_size * dim + lstm + (units + 1) * vocab_size
-
-
-def check_output_dir(path, config, vocab_size, keep):
-    """Fails before training if checkpoints cannot be written to `path`."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"--output_dir {path} is a file; pass a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write_test.{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as err:
-        raise UsageError(f"--output_dir {path} is not writable ({err.strerror}); "
-                         "pass a folder you can write to") from None
-    # Weights plus up to two optimizer slots per checkpoint, kept + best + one being written.
-    needed = weight_count(config, vocab_size) * 4 * 3 * (keep + 2)
-    free = shutil.disk_usage(path).free
-    if free < needed:
-        raise UsageError(f"--output_dir {path} has {free / 1e6:.0f} MB free, checkpoints need about "
-                         f"{needed / 1e6:.0f} MB; free some space or pass another folder")
-
-
-def _prepare(args, ctx):
-    """Loads config and data; raises the user-fixable errors."""
-    config = config_lib.load_config(args.config, args.set)
-    options = trainer.RunOptions(
-        output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
-        max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        checkpoint_every=args.checkpoint_every, commit_every=args.commit_every)
-    if args.keep_checkpoints < 1:
-        raise UsageError("--keep_checkpoints must be at least 1")
-    if args.checkpoint_every < 0:
-        raise UsageError(f"--checkpoint_every {args.checkpoint_every}: give a number of steps (0 = at epoch ends only)")
-    if args.commit_every < 1:
-        raise UsageError(f"--commit_every {args.commit_every}: give a number of steps of at least 1")
-    if ctx.elastic and all(key in os.environ for key in context.HOROVOD_DEFAULTS):
-        raise UsageError(f"{' and '.join(context.HOROVOD_DEFAULTS)} are both set: together they crash Horovod "
-                         "0.28.1 when an elastic run re-forms its world; unset one of them")
-    if ctx.elastic and args.mpi_log == "collect":
-        raise UsageError("-m collect needs a fixed rank 0, and an elastic run re-forms the world: "
-                         "use -m master or -m workers")
-    data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
-    trainer.check_plan(config, data, ctx.size, args.eval_mode)
-    if ctx.is_chief:
-        check_output_dir(args.output_dir, config, data.vocab_size, args.keep_checkpoints)
-    return config, data, options
-
-
-EXIT_CODES = (
-    ((config_lib.ConfigError, UsageError), USAGE_EXIT),
-    ((ptb_reader.PTBDataError, CheckpointError, trainer.TrainingError, ValueError, OSError), ERROR_EXIT),
-)
-
-
-def _exit_code(err):
-    for types, code in EXIT_CODES:
-        if isinstance(err, types):
-            return code
-    return None
-
-
-def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=()):
-    """Runs training for the parsed `args` on `ctx`, with `callbacks` in the loop
-    (runtime/callbacks.py); returns the exit status."""
-    rank_logging = logs.RankLogging(ctx, args.mpi_log, args.log_path)
-    # Only a run whose ranks all reach the end together may close the log
-    # collector collectively; after a one-rank failure that would hang.
-    in_lockstep = True
-    try:
-        ctx.start_watchdog(args.hang_timeout)
-        failure, prepared = None, None
-        try:
-            prepared = _prepare(args, ctx)
-        except Exception as err:  # user mistakes become one line; anything else is a bug
-            code = _exit_code(err)
-            if code is None:
-                raise
-            failure = (code, str(err))
-        agreed = ctx.first_failure(failure)
-        if agreed is not None:
-            rank, (code, message) = agreed
-            if ctx.is_chief or rank == ctx.rank:
-                origin = f" (rank {rank})" if ctx.distributed and rank != 0 else ""
-                _error_line(f"error{origin}: {message}")
-            return code
-        config, data, options = prepared
-        options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
-        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx), config.precision)
-        try:
-            results = trainer.train_and_evaluate(config, data, ctx, options, callbacks)
-        except trainer.TrainingInterrupted as err:
-            # Every rank saw the same stop flag: they leave together.
-            _error_line(f"{'error: ' if ctx.is_chief else ''}{err}")
-            return 128 + int(err.signum)
-        except (trainer.TrainingError, CheckpointError, config_lib.ConfigError, ptb_reader.PTBDataError,
-                OSError) as err:
-            # Raised alike on every rank (a NaN in the allreduced loss, rank 0's
-            # outcome of a save or a resume, broadcast), so the ranks still leave
-            # together and rank 0 alone says why; an OSError (a full disk) is the
-            # rank's own, and the others follow it out.
-            if ctx.is_chief or isinstance(err, OSError):
-                _error_line(f"error: {err}")
-            return _exit_code(err)
-        if ctx.is_chief:
-            summary = {k: results[k] for k in ("config", "epochs", "train_ppl", "valid_ppl", "test_ppl",
-                                               "avg_epoch_time_s", "wps", "world_size", "global_batch_size")}
-            print("results: " + json.dumps(summary), flush=True)
-        return 0
-    except Exception as err:
-        in_lockstep = False
-        if not ctx.distributed:
-            raise
-        # One failing rank shuts Horovod down under the others: they say so in
-        # one line and leave the traceback to the rank that failed. Gloo's own
-        # timeout shuts it down too, and then the watchdog knows why.
-        if isinstance(err, context.ChiefFailed):
-            _error_line(f"error (rank {ctx.rank}): {err}")
-            return ERROR_EXIT
-        if "Horovod has been shut down" in str(err):
-            report = ctx.hang_report()
-            if report:
-                _error_line(f"error (rank {ctx.rank}): {report}")
-                return HANG_EXIT
-            _error_line(f"error (rank {ctx.rank}): stopping because another rank failed; its error is above")
-        else:
-            traceback.print_exc()
-            _error_line(f"error (rank {ctx.rank}): {type(err).__name__}: {err}")
-        return ERROR_EXIT
-    except KeyboardInterrupt:
-        # A SIGINT outside the training steps' handler (a download, a restore,
-        # the results' write): every file is replaced whole or not at all.
-        in_lockstep = False
-        _error_line(f"error{f' (rank {ctx.rank})' if ctx.distributed else ''}: interrupted (SIGINT) outside a "
-                    "training step; the files on disk are whole: rerun the command, with --resume once a "
-                    "checkpoint exists")
-        return 128 + 2
-    except BaseException:
-        in_lockstep = False
-        raise
-    finally:
-        ctx.stop_watchdog()
-        rank_logging.close(collective=in_lockstep)
 

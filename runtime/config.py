@@ -16,6 +16,7 @@ import math
 import os
 import sys
 
+from runtime.errors import ConfigError
 from texar_lite import decoder, embedder, optimization
 from texar_lite.hparams import HParams, HParamsError, merge, parse_override
 
@@ -23,10 +24,6 @@ REQUIRED_KEYS = ("init_scale", "num_epochs", "batch_size", "num_steps", "cell", 
 # Zaremba's scalars, which the configs use to build cell and emb: a --set of
 # one would change nothing the model reads, so it names the keys that do.
 NOT_CONFIG_KEYS = ("hidden_size", "keep_prob")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message is one line naming the fix."""
 
 
 def schema():

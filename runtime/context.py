@@ -2,36 +2,20 @@
 
 LocalContext is a world of one process. HorovodContext wraps an initialised
 `horovod.tensorflow` module; its numbered `# Horovod:` lines continue the ones
-in lm_ptb_distributed.py.
+in lm_ptb_distributed.py. The fault layer (faults/) is not here: it attaches
+to the loop as a callback.
 """
-import logging
 import os
 import threading
 
 import numpy as np
 import tensorflow as tf
 
-from runtime.watchdog import Watchdog
-
-log = logging.getLogger("lm_ptb")
-
-
-class ChiefFailed(RuntimeError):
-    """Rank 0 failed while working alone (runtime/context.py run_on_chief); its own
-    error is in its log, and the other ranks only follow it out."""
-
-
-def heartbeat_seconds(hang_timeout=0.0):
-    """While rank 0 evaluates alone, the other ranks wait in a chain of tiny
-    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s) and
-    per --hang_timeout, instead of one collective that would sit unanswered
-    long enough to warn, or to look like a hang to the watchdog.
-    """
-    stall = float(os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", 60))
-    return min(5.0, stall / 4, *([hang_timeout / 4] if hang_timeout else []))
+from runtime.errors import ChiefFailed
 
 
 class LocalContext:
+    """A world of one process: every collective is the identity."""
     distributed = False
     elastic = False
     rank = 0
@@ -39,6 +23,7 @@ class LocalContext:
     local_rank = 0
     local_size = 1
     is_chief = True
+    sparse_as_dense = False
 
     def wrap_tape(self, tape):
         return tape
@@ -71,39 +56,20 @@ class LocalContext:
         """
         return (0, failure) if failure is not None else None
 
-    def run_on_chief(self, compute):
-        """Runs compute() on rank 0 alone and hands its (picklable) result to every rank."""
+    def run_on_chief(self, compute, waiting=None, shared_errors=()):
+        """Runs compute() on rank 0 alone and returns its (picklable) result on every
+        rank; the others call `waiting()` now and then meanwhile. An exception of
+        `shared_errors` that compute() raises is raised on every rank."""
+        del waiting, shared_errors
         return compute()
 
-    def train(self, run, variables, start):
-        """Returns run(start): the training loop from its start position.
-
-        `variables` (the model's and the optimizer's) and `start` are rank
-        0's; a distributed context shares them first.
-        """
-        del variables
-        return run(start)
+    def peer_failed(self, err):
+        """Whether `err` is a collective that ended because another rank failed."""
+        del err
+        return False
 
     def versions(self):
         return {"horovod": None, "mpi": None}
-
-    # One process cannot hang on a peer: the watchdog calls do nothing.
-    def start_watchdog(self, timeout_s):
-        del timeout_s
-
-    def stop_watchdog(self):
-        pass
-
-    def watch(self, phase, where="", slow=False):
-        """Tells the watchdog what this rank does now; entering a phase is progress."""
-        del phase, where, slow
-
-    def beat(self):
-        """Tells the watchdog that this rank made progress inside a long phase."""
-
-    def hang_report(self):
-        """What the watchdog saw went wrong, or None."""
-        return None
 
 
 class HorovodContext(LocalContext):
@@ -111,17 +77,16 @@ class HorovodContext(LocalContext):
 
     def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False):
         self.hvd = hvd
-        self._renumber()
+        self.renumber()
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
         self.sparse_as_dense = sparse_as_dense
-        self.watchdog = None
         # Under horovodrun's elastic mode the world re-forms when hosts come
-        # and go: the rank and size above change, and no collective may run
-        # outside train(), where the ranks of each new world meet.
+        # and go (faults/elastic.py): rank and size change with it.
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
-        self._reset_reason = ""
+        # How often rank 0 tells the others it still works alone (run_on_chief).
+        self.rendezvous_s = 5.0
 
-    def _renumber(self):
+    def renumber(self):
         """Reads rank and size from Horovod: at the start, and after each elastic reset."""
         hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -133,42 +98,6 @@ class HorovodContext(LocalContext):
         # applied: the "distributed optimizer" for a GradientTape.
         return self.hvd.DistributedGradientTape(
             tape, compression=self.compression, sparse_as_dense=self.sparse_as_dense)
-
-    def train(self, run, variables, start):
-        if self.elastic:
-            return self._train_elastic(run, variables, start)
-        # Horovod: 4. Start every rank from rank 0's weights, optimizer slots
-        # and position (those of the checkpoint that rank 0 restored, say).
-        start = self.broadcast_object(start, name="start_position")
-        self.broadcast_variables(variables)
-        return run(start)
-
-    def _train_elastic(self, run, variables, start):
-        # Horovod: 4. The elastic state's sync() shares rank 0's variables and
-        # position at the start and after every reset (runtime/elastic.py).
-        from runtime import elastic  # imports Horovod
-        state = elastic.TrainingState(self.hvd, variables, start)
-
-        def attempt(state):
-            if self.watchdog:
-                self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
-            return run(state.position, commit=state.commit_position)
-
-        def leaving(why):
-            self._reset_reason = why
-            if self.watchdog:
-                self.watchdog.reform()
-
-        def joined():
-            self._renumber()
-            if self.watchdog:
-                self.watchdog.rank = self.rank
-            position = state.committed_position()
-            # Logged once the world has re-formed: rank 0 may be another worker now.
-            log.info("elastic: %s; the world re-formed and training goes back to the last commit, epoch %d step %d",
-                     self._reset_reason, position["epoch"] + 1, position["step"])
-
-        return elastic.run(self.hvd, attempt, state, leaving, joined)
 
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(variables, root_rank=0)
@@ -192,12 +121,13 @@ class HorovodContext(LocalContext):
         failures = self.allgather_object(failure, name="first_failure")
         return next(((rank, f) for rank, f in enumerate(failures) if f is not None), None)
 
-    def run_on_chief(self, compute):
+    def run_on_chief(self, compute, waiting=None, shared_errors=()):
         # While rank 0 works alone, a thread on it sends a tiny "still working"
-        # broadcast every heartbeat_seconds() and the other ranks wait in
-        # those, so no collective sits unanswered long enough to stall-warn,
-        # however long the work (tracing included) blocks the main thread.
-        # Status: 0 = working, 1 = done (the result follows), 2 = failed.
+        # broadcast every rendezvous_s and the other ranks wait in those, so no
+        # collective sits unanswered long enough to stall-warn, however long
+        # the work (tracing included) blocks the main thread.
+        # Status: 0 = working, 1 = done (the result follows), 2 = failed
+        # (the error follows).
         def send(status):
             message = tf.constant(status, dtype=tf.float64)
             return float(self.hvd.broadcast(message, root_rank=0, name="chief_rendezvous"))
@@ -205,59 +135,39 @@ class HorovodContext(LocalContext):
         if not self.is_chief:
             while True:
                 status = send(0.0)
-                self.beat()
+                if waiting:
+                    waiting()
                 if status == 1.0:
                     return self.broadcast_object(None, name="chief_result")
                 if status == 2.0:
+                    shared = self.broadcast_object(None, name="chief_error")
+                    if shared is not None:
+                        raise shared
                     raise ChiefFailed("stopping because rank 0 failed while working alone; its error is above")
         done = threading.Event()
 
         def heartbeat():
-            while not done.wait(heartbeat_seconds(self.watchdog.timeout if self.watchdog else 0)):
+            while not done.wait(self.rendezvous_s):
                 send(0.0)
 
         thread = threading.Thread(target=heartbeat, daemon=True)
         thread.start()
         try:
             result = compute()
-        except BaseException:
+        except BaseException as err:
             done.set()
             thread.join()
             send(2.0)
+            self.broadcast_object(err if isinstance(err, shared_errors) else None, name="chief_error")
             raise
         done.set()
         thread.join()
         send(1.0)
         return self.broadcast_object(result, name="chief_result")
 
-    def start_watchdog(self, timeout_s):
-        # A fixed world of one has no peer to wait for, and may well outlive
-        # its parent shell on purpose (nohup). An elastic world of one may
-        # grow, and its launcher is horovodrun, which it must not outlive.
-        if not timeout_s or (self.size == 1 and not self.elastic):
-            return
-        self.watchdog = Watchdog(self.rank, timeout_s, elastic=self.elastic)
-        # Started before the exchange, so that a rank that never joins it
-        # (or a launcher that dies meanwhile) is caught too. An elastic run
-        # exchanges in each attempt, with the ranks of that world.
-        self.watchdog.start()
-        if not self.elastic:
-            self.watchdog.exchange(self.allgather_object(self.watchdog.card(), name="watchdog_cards"))
-
-    def stop_watchdog(self):
-        if self.watchdog:
-            self.watchdog.stop()
-
-    def watch(self, phase, where="", slow=False):
-        if self.watchdog:
-            self.watchdog.enter(phase, where, slow)
-
-    def beat(self):
-        if self.watchdog:
-            self.watchdog.beat()
-
-    def hang_report(self):
-        return self.watchdog.report() if self.watchdog else None
+    def peer_failed(self, err):
+        # Horovod's words when one rank's failure (or Gloo's timeout) shut it down under this one.
+        return "Horovod has been shut down" in str(err)
 
     def versions(self):
         mpi = None
@@ -282,24 +192,24 @@ def _open_mpi_version():
     return first
 
 
-# Tensor fusion copies gradients into one buffer to send fewer, larger messages;
-# with this model's 7 dense gradients the copy and the wait for a fusion cycle
-# cost more than they save. Horovod's background thread sleeps a cycle between
-# negotiations, and a gradient that becomes ready waits for the next one, so a
-# short cycle starts each allreduce sooner. BENCHMARKS.md's lever table has both.
-HOROVOD_DEFAULTS = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"}
+# Tensor fusion copies gradients into one buffer to send fewer, larger
+# messages; this model has 7 dense gradients. Horovod's background thread
+# sleeps a cycle between negotiations, and a gradient that becomes ready waits
+# for the next one, so a short cycle starts each allreduce sooner.
+# BENCHMARKS.md's lever table compares these settings with Horovod's own.
+HOROVOD_TUNING = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"}
 
 
-def apply_horovod_defaults():
-    """Sets HOROVOD_DEFAULTS where the environment does not; must run before hvd.init().
+def set_horovod_tuning():
+    """Sets HOROVOD_TUNING's values where the environment leaves them unset; must
+    run before hvd.init().
 
     Not in an elastic run: with both set, Horovod 0.28.1's background thread
-    segfaults in its parameter manager when the world re-forms (in 4 resets
-    of 5 on the namespace hosts, and in none of 6 without them).
+    may segfault in its parameter manager when the world re-forms.
     """
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return
-    for key, value in HOROVOD_DEFAULTS.items():
+    for key, value in HOROVOD_TUNING.items():
         os.environ.setdefault(key, value)
 
 

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime import config as config_lib
-from runtime.checkpointing import CheckpointError
-from runtime.cli import ERROR_EXIT, USAGE_EXIT, UsageError, error_status
+from runtime.cli import error_status
+from runtime.errors import CheckpointError, ConfigError, PTBDataError, UsageError, exit_code
 from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
 
@@ -140,7 +140,5 @@ def exit_status(run, args):
     try:
         run(args)
         return 0
-    except (UsageError, config_lib.ConfigError) as err:
-        return error_status(err, USAGE_EXIT)
-    except (ptb_reader.PTBDataError, CheckpointError) as err:
-        return error_status(err, ERROR_EXIT)
+    except (UsageError, ConfigError, PTBDataError, CheckpointError) as err:
+        return error_status(err, exit_code(err))

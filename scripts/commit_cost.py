@@ -20,9 +20,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from runtime import config as config_lib  # noqa: E402
-from runtime.checkpointing import fresh_position, global_lstm_state  # noqa: E402
+from runtime.checkpointing import Position, global_lstm_state  # noqa: E402
 from runtime.context import LocalContext, configure_cpu_threads  # noqa: E402
-from runtime.trainer import BatchPlan, make_train_step  # noqa: E402
+from runtime.plan import BatchPlan  # noqa: E402
+from runtime.trainer import make_train_step  # noqa: E402
 from texar_lite import optimization  # noqa: E402
 from texar_lite.model import LanguageModel  # noqa: E402
 
@@ -41,7 +42,7 @@ def median_ms(call, repeats, warmup=2):
 
 
 def measure(config_name, steps, hvd):
-    from runtime.elastic import TrainingState
+    from faults.elastic import TrainingState
     config = config_lib.load_config(config_name, [])
     ctx = LocalContext()
     plan = BatchPlan.from_config(config, 1)
@@ -60,8 +61,8 @@ def measure(config_name, steps, hvd):
 
     step_ms = median_ms(step, steps)
     variables = list(model.variables) + list(optimizer.variables)
-    training_state = TrainingState(hvd, variables, fresh_position(plan.global_batch))
-    position = dict(fresh_position(plan.global_batch), step=1, state=global_lstm_state(ctx, state))
+    training_state = TrainingState(hvd, variables, Position(plan.global_batch))
+    position = Position(plan.global_batch, step=1, state=global_lstm_state(ctx, state))
     commit_ms = median_ms(lambda: training_state.commit_position(position), max(5, steps // 2))
     megabytes = sum(int(np.prod(v.shape)) * v.dtype.size for v in variables) / 1e6
     return {"config": config_name, "step_ms": step_ms, "commit_ms": commit_ms, "state_mb": megabytes}

@@ -2,7 +2,7 @@
 the same on every rank.
 
 The one-process cases run in this process, through the entry scripts' own
-`cli.run`, but one that runs as `python lm_ptb.py`, for the exit path; three
+`job.run`, but one that runs as `python lm_ptb.py`, for the exit path; three
 run under mpirun. With RELIABILITY_RECORD=FILE.jsonl every case appends
 its row to FILE (tests/failure_helpers.py).
 """
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import TINY_CONFIG, lm_ptb, mpirun
 from failure_helpers import assert_one_clean_error, record, timed
-from runtime import cli, context
+from runtime import cli, context, job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -92,7 +92,7 @@ def in_process(args, capsys):
     """lm_ptb.py's main less its thread settings (TensorFlow takes them only before
     it starts, and this process has started it): the exit status and the output."""
     capsys.readouterr()
-    code = cli.run(cli.parse_args(args, distributed=False), context.LocalContext())
+    code = job.run(cli.parse_args(args, distributed=False), context.LocalContext())
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, out, err)
 
@@ -137,14 +137,14 @@ def test_a_rank_that_follows_rank_0s_failure_out_says_so_in_one_line(synthetic_c
         def broadcast(message, root_rank, name):
             return 2.0
 
-    def train(config, data, ctx, options, callbacks):
+    def train(config, data, ctx, options, callbacks, run_attempts=None):
         return context.HorovodContext.run_on_chief(ctx, lambda: None)
 
     follower = RankOne()
-    follower.hvd, follower.watchdog = Waiting(), None
-    monkeypatch.setattr(cli.trainer, "train_and_evaluate", train)
+    follower.hvd = Waiting()
+    monkeypatch.setattr(job.trainer, "train_and_evaluate", train)
     args = ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(tmp_path / "out")]
-    assert cli.run(cli.parse_args(args, distributed=True), follower) == 1
+    assert job.run(cli.parse_args(args, distributed=True), follower) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error")] == [
@@ -158,7 +158,7 @@ def test_a_sigint_outside_the_training_steps_ends_with_one_line(where, synthetic
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.ptb_reader if where == "load_ptb" else cli.trainer, where, interrupted)
+    monkeypatch.setattr(job.ptb_reader if where == "load_ptb" else job.trainer, where, interrupted)
     args = ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(tmp_path / "out")]
     proc = in_process(args, capsys)
     assert proc.returncode == 130

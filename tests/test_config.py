@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
-from runtime import cli, inference, trainer
+from runtime import cli, inference, job
+from runtime.options import RunOptions
 from runtime.config import ConfigError, from_values, load_config, schema
 from texar_lite import decoder, embedder, optimization
 from texar_lite.dropout import RowDropout
@@ -186,7 +187,7 @@ def test_config_file_errors(tmp_path):
 def test_the_disk_space_check_counts_the_models_weights():
     config = load_config(TINY_CONFIG, ["cell.kwargs.num_units=8", "emb.dim=5", "cell.num_layers=3"])
     model = LanguageModel(config, vocab_size=50, seed=3)
-    assert cli.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
+    assert job.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
 
 
 def test_a_runs_results_json_recording_hidden_size_and_keep_prob_still_gives_its_config(tmp_path):
@@ -260,9 +261,9 @@ def test_command_line_defaults_come_from_one_place():
     # lm_ptb.py's run reads the Horovod options too, at lm_ptb_distributed.py's defaults.
     assert vars(cli.parse_args([], distributed=False)) == distributed
     assert distributed["hang_timeout"] == 120 and distributed["mpi_log"] == "master"
-    options = trainer.RunOptions()
+    options = RunOptions()
     for field in ("output_dir", "seed", "eval_mode", "resume", "max_steps_per_epoch", "keep_checkpoints",
-                  "checkpoint_every", "commit_every"):
+                  "checkpoint_every"):
         assert distributed[field] == getattr(options, field), field
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime.config import load_config
-from runtime.trainer import BatchPlan
+from runtime.plan import BatchPlan
 from conftest import AGENT, PYTHON, ROOT, TINY_CONFIG, entry, lm_ptb, mpirun, run_command
 from hooks import losses_by_rank
 

@@ -238,7 +238,8 @@ def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp
     outcome = finish(hosts, launch, 300)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     attempts = worlds(outcome.stdout)
-    assert [size for size, _, _ in attempts] == [4, 3, 4], attempts
+    why = [line for line in (outcome.stdout + outcome.stderr).splitlines() if "elastic:" in line or "error" in line]
+    assert [size for size, _, _ in attempts] == [4, 3, 4], why
     shrunk, grown = global_step(*attempts[1][1:]), global_step(*attempts[2][1:])
     assert 0 < shrunk < grown < 2 * STEPS, attempts
     results = json.loads((out / "results.json").read_text())

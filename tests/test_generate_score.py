@@ -14,6 +14,7 @@ import ptb_reader
 import score
 import synthetic_ptb
 from runtime import context, inference, trainer
+from runtime.options import RunOptions
 from runtime.config import load_config
 
 
@@ -25,7 +26,7 @@ def run(synthetic_corpus, tmp_path_factory):
     config = load_config(TINY_CONFIG, ["num_epochs=1"])
     data = ptb_reader.load_ptb(data_path, vocab_size=config["vocab_size"])
     trainer.train_and_evaluate(config, data, context.LocalContext(),
-                               trainer.RunOptions(output_dir=output_dir, max_steps_per_epoch=30))
+                               RunOptions(output_dir=output_dir, max_steps_per_epoch=30))
     with open(os.path.join(output_dir, "results.json")) as f:
         return output_dir, data_path, json.load(f)
 

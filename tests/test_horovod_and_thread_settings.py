@@ -1,6 +1,6 @@
 """The settings a rank really runs with: Horovod's fusion and cycle, TensorFlow's thread pools.
 
-README's step 1: `context.apply_horovod_defaults()` turns tensor fusion off and
+README's step 1: `context.set_horovod_tuning()` turns tensor fusion off and
 sets a 0.2 ms cycle unless the environment sets HOROVOD_FUSION_THRESHOLD or
 HOROVOD_CYCLE_TIME, and leaves both alone in elastic runs. Step 2: each rank
 gets its host's cores / ranks intra-op threads, unless
@@ -107,21 +107,21 @@ def test_fusion_and_cycle_time_set_in_the_environment_win(env_run):
     assert cycle_gaps_us(events, at_least=20).min() >= 19900
 
 
-def test_apply_horovod_defaults_fills_only_what_the_environment_leaves_unset(monkeypatch):
+def test_set_horovod_tuning_fills_only_what_the_environment_leaves_unset(monkeypatch):
     monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
-    context.apply_horovod_defaults()
+    context.set_horovod_tuning()
     assert (os.environ["HOROVOD_FUSION_THRESHOLD"], os.environ["HOROVOD_CYCLE_TIME"]) == ("0", "5")
 
 
-def test_apply_horovod_defaults_leaves_an_elastic_run_alone(monkeypatch):
+def test_set_horovod_tuning_leaves_an_elastic_run_alone(monkeypatch):
     """horovodrun's elastic mode sets HOROVOD_ELASTIC=1 in every worker."""
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    for name in context.HOROVOD_DEFAULTS:
+    for name in context.HOROVOD_TUNING:
         monkeypatch.delenv(name, raising=False)
-    context.apply_horovod_defaults()
-    assert not set(context.HOROVOD_DEFAULTS) & set(os.environ)
+    context.set_horovod_tuning()
+    assert not set(context.HOROVOD_TUNING) & set(os.environ)
 
 
 def test_each_rank_gets_its_share_of_the_cores_by_default(default_run):

@@ -15,7 +15,7 @@ SAVE_LOOP = """
 import sys
 import tensorflow as tf
 from runtime import config as config_lib
-from runtime.checkpointing import TrainCheckpoint, fresh_position
+from runtime.checkpointing import Position, TrainCheckpoint
 from runtime.context import LocalContext
 from texar_lite import optimization
 from texar_lite.model import LanguageModel
@@ -30,7 +30,7 @@ for step in range(1, 10**6):
     optimizer.iterations.assign_add(1)
     number = int(optimizer.iterations.numpy())  # the checkpoint's number
     print("saving", number, flush=True)
-    checkpoint.save(dict(fresh_position(config["batch_size"]), step=step, costs=float(step)))
+    checkpoint.save(Position(config["batch_size"], step=step, costs=float(step)))
     print("saved", number, flush=True)
 """
 # Seconds from the first complete save to the SIGKILL, tried in turn until one lands mid-write.

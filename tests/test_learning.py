@@ -6,7 +6,8 @@ from conftest import TINY_CONFIG
 from runtime.config import load_config
 from runtime.context import LocalContext
 from texar_lite.decoder import default_cell
-from runtime.trainer import RunOptions, train_and_evaluate
+from runtime.options import RunOptions
+from runtime.trainer import train_and_evaluate
 
 
 @pytest.mark.timeout(300)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runtime import logs
+from runtime import job, logs
 from runtime.config import load_config
 from runtime.context import LocalContext
-from runtime.trainer import BatchPlan, make_eval_step, make_train_step
+from runtime.plan import BatchPlan
+from runtime.trainer import make_eval_step, make_train_step
 from texar_lite import decoder, losses, op_selection, optimization
 from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
@@ -221,14 +222,14 @@ def test_setup_script_parses_and_make_passes_the_gpu_switch():
 
 def test_a_run_given_a_gpu_device_trains_with_the_tf_ops_end_to_end(tmp_path, synthetic_corpus, capsys):
     # lm_ptb.py passes "GPU:0" when context.pin_gpu found a GPU. Here the device string alone
-    # reaches cli.run (the ops then execute on the CPU), which shows that the choice follows it.
+    # reaches job.run (the ops then execute on the CPU), which shows that the choice follows it.
     import json
     from conftest import TINY_CONFIG
     from runtime import cli
     out = tmp_path / "out"
     args = cli.parse_args(["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--output_dir", str(out),
                            "--max_steps_per_epoch", "3", "--set", "num_epochs=1"])
-    assert cli.run(args, LocalContext(), 2, 2, "GPU:0") == 0
+    assert job.run(args, LocalContext(), 2, 2, "GPU:0") == 0
     results = json.loads((out / "results.json").read_text())
     assert (results["lstm_cell"], results["softmax_loss"]) == ("TF ops", "TF ops")
     printed = capsys.readouterr().out

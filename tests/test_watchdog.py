@@ -6,7 +6,7 @@ import time
 import pytest
 
 from runtime import cli
-from runtime.watchdog import TRACING_FACTOR, Watchdog
+from faults.watchdog import TRACING_FACTOR, Watchdog
 
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
        "addresses": ["10.0.0.2", "10.0.1.2"]}
@@ -183,7 +183,7 @@ def test_elastic_a_rank_that_reaches_the_driver_waits_for_the_world_to_re_form(d
 
 def test_elastic_the_driver_is_reached_without_holding_the_watchdogs_lock(monkeypatch):
     """Reaching the driver may take seconds; meanwhile heartbeats and the loop's phases go on."""
-    from runtime import watchdog
+    from faults import watchdog
     dog = elastic_view()
     dog.heard[0] = dog.moved[0] = 1030.0
     held = []
@@ -265,5 +265,5 @@ def test_elastic_a_world_of_one_judges_its_own_progress_and_its_exit_ends_the_wo
     (["ssh", "-p22", "-tt", "10.0.0.2", "true"], "10.0.0.2"),
 ])
 def test_the_host_of_an_ssh_command_line(words, host):
-    from runtime.watchdog import _ssh_host
+    from faults.watchdog import _ssh_host
     assert _ssh_host(words) == host

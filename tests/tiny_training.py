@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from runtime.config import load_config
 from runtime.context import LocalContext
-from runtime.trainer import BatchPlan, make_train_step
+from runtime.plan import BatchPlan
+from runtime.trainer import make_train_step
 from texar_lite import optimization
 from texar_lite.model import LanguageModel
 

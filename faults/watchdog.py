@@ -22,7 +22,7 @@ So every rank runs a thread of its own, outside MPI and Gloo:
 In each case the rank ends itself with HANG_EXIT. The lowest rank that can
 still hear the others prints one line naming what happened.
 
-An elastic run (runtime/elastic.py) goes on without a lost rank, so there
+An elastic run (faults/elastic.py) goes on without a lost rank, so there
 only the rank at fault leaves: the stuck rank itself, and across a partition
 the side that cannot reach horovodrun's driver. The others wait for the world
 to re-form, as long as the driver takes to find hosts, unless the rank they

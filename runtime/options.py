@@ -1,0 +1,18 @@
+"""RunOptions: how to run, beside the config.
+
+No TensorFlow here: the command line reads these defaults before it loads.
+"""
+import dataclasses
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How to run, beside the config. These defaults are the command line's too (runtime/cli.py)."""
+    output_dir: str = "./output"
+    seed: int = 1234
+    eval_mode: str = "chief"          # chief: rank 0 alone; distributed: each rank a slice
+    resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
+    max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
+    keep_checkpoints: int = 3
+    checkpoint_every: int = 0         # also save a checkpoint every N steps inside an epoch (0 = at epoch ends only)
+    device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)

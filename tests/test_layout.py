@@ -1,0 +1,28 @@
+"""Where things live: the loop knows nothing of the fault layer, and --help loads no TensorFlow."""
+import subprocess
+
+import pytest
+
+from conftest import PYTHON, ROOT
+
+
+def loaded_modules(code):
+    out = subprocess.run([PYTHON, "-c", f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout
+    return set(out.split())
+
+
+def test_the_training_loop_imports_nothing_of_the_fault_layer():
+    modules = loaded_modules("import runtime.trainer")
+    assert "runtime.trainer" in modules
+    assert sorted(m for m in modules if m == "faults" or m.startswith("faults.")) == []
+
+
+@pytest.mark.parametrize("script", ["lm_ptb.py", "lm_ptb_distributed.py"])
+def test_help_answers_before_tensorflow_loads(script):
+    proc = subprocess.run([PYTHON, "-X", "importtime", script, "--help"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and "--config" in proc.stdout
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "runtime.cli" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "horovod", "requests", "pooch")}
