@@ -15,6 +15,7 @@ from runtime import config as config_lib
 from runtime import context, logs, trainer
 from runtime.checkpointing import CheckpointError
 from runtime.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
+from texar_lite import op_selection
 
 USAGE_EXIT, ERROR_EXIT = 2, 1
 
@@ -234,7 +235,8 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             return code
         config, data, options = prepared
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
-        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx), config.precision)
+        logs.training_summary(ctx, intra_threads, inter_threads, device, trainer.versions(ctx),
+                              op_selection.ops_for(device, config.precision))
         try:
             results = trainer.train_and_evaluate(config, data, ctx, options, callbacks)
         except trainer.TrainingInterrupted as err:

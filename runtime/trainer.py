@@ -23,7 +23,7 @@ from runtime.checkpointing import CheckpointError, TrainCheckpoint, global_lstm_
 from runtime.config import ConfigError
 from runtime.context import weights_digest
 from texar_lite.dropout import RowDropout
-from texar_lite.losses import loss_name, sequence_sparse_softmax_cross_entropy, token_cross_entropy
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 
 log = logging.getLogger("lm_ptb")
@@ -437,8 +437,8 @@ class TrainingLoop:
             "world_size": ctx.size,
             "global_batch_size": plan.global_batch,
             "seed": opts.seed,
-            "lstm_cell": self.model.decoder.cell.name,
-            "softmax_loss": loss_name(opts.device),
+            "lstm_cell": self.model.ops.cell,
+            "softmax_loss": self.model.ops.loss,
             # Lets generate.py and score.py notice a data_path with other words.
             "vocab_sha256": ptb_reader.vocab_sha256(self.data.vocab),
             "learning_rate_scale": plan.lr_scale,
