@@ -2,7 +2,8 @@
 
 init_scale = 0.1
 num_epochs = 13
-# hidden_size and keep_prob only build cell and emb below: the model reads those.
+# hidden_size and keep_prob build cell and emb below, which the model reads; a
+# --set of either runs this file with the new value, so both follow it.
 hidden_size = 200
 keep_prob = 1.0
 batch_size = 20

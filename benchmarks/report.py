@@ -55,8 +55,6 @@ ROW_LABELS = [
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
     ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
-    ("small_unordered_backward", "small, 1 process, each layer's two gradient matmuls in TensorFlow's order "
-                                 "(not the input gradient first)"),
     ("small_bf16", "small, mixed_bfloat16"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
@@ -81,7 +79,6 @@ LEVERS = [
     ("small_inter1", "small"),
     ("small_tf_ops_loss", "small"),
     ("small_tf_ops_cell", "small"),
-    ("small_unordered_backward", "small"),
     ("hvd_2x1_cycle1ms", "hvd_2x1"),
     ("hvd_2x1_fusion", "hvd_2x1"),
     ("hvd_2x1_fp16", "hvd_2x1")]

@@ -168,17 +168,15 @@ def _start_horovod(**context_args):
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
-                     backward="", unsynced_rank=None):
+                     unsynced_rank=None):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
     time in collectives. tf_ops ("cell", "loss") runs those parts as TF ops
     instead of their fused kernels (the LSTM step with its recurrent product,
-    the softmax loss). backward "unordered" leaves the order of each
-    layer's two gradient matmuls to TensorFlow (the decoder's input_gradient_first).
-    unsynced_rank=[r, n] trains rank r's rows of an n-rank run with no
-    communication at all (UnsyncedContext).
+    the softmax loss). unsynced_rank=[r, n] trains rank r's rows of an n-rank
+    run with no communication at all (UnsyncedContext).
     """
     from runtime import config as config_lib
     ctx = UnsyncedContext(*unsynced_rank) if unsynced_rank else context.LocalContext()
@@ -194,7 +192,6 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     config = config_lib.load_config(config_name, list(overrides))
     plan = BatchPlan.from_config(config, ctx.size)
     model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tf_ops)
-    model.decoder.input_gradient_first = backward != "unordered"
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
@@ -263,7 +260,7 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
     x, y = next(_batches(config, data_path, ctx.rank, ctx.size, plan.global_batch))
     with tf.GradientTape() as tape:
         logits, _ = model(tf.transpose(x), model.zero_state(plan.rows_per_rank))
-        loss = sequence_sparse_softmax_cross_entropy(tf.transpose(y), logits, time_major=True)
+        loss = sequence_sparse_softmax_cross_entropy(tf.transpose(y), logits, time_major=True, ops=model.ops)
     grads = tape.gradient(loss, model.trainable_variables)
 
     def make_call(communicate):

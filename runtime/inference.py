@@ -18,6 +18,11 @@ from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
 
 
+# The committed runs' results.json (results/) record the scalars that built cell and emb
+# beside them; cell and emb hold their values, so the model is built from those.
+BUILDING_SCALARS = ("hidden_size", "keep_prob")
+
+
 @dataclasses.dataclass
 class TrainedModel:
     model: LanguageModel
@@ -52,8 +57,7 @@ def run_config(output_dir, config_name=None, overrides=()):
     try:
         with open(path) as f:
             results = json.load(f)
-        # A run's results.json may record hidden_size and keep_prob, which its model never read.
-        hparams = {key: value for key, value in results["hparams"].items() if key not in config_lib.NOT_CONFIG_KEYS}
+        hparams = {key: value for key, value in results["hparams"].items() if key not in BUILDING_SCALARS}
         config = config_lib.from_values(hparams, results["config"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise UsageError(f"cannot read the run's config from {path} ({type(err).__name__}: {err}); "

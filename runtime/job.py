@@ -19,7 +19,6 @@ from runtime.errors import (ERROR_EXIT, CheckpointError, ChiefFailed, ConfigErro
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import check_plan
-from runtime.results import versions
 
 
 def weight_count(config, vocab_size):
@@ -106,7 +105,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             return code
         config, data, options = prepared
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
-        logs.training_summary(ctx, intra_threads, inter_threads, device, versions(ctx), config.precision)
+        options.cpu_threads = (intra_threads, inter_threads)
         try:
             results = trainer.train_and_evaluate(
                 config, data, ctx, options, [faults, *callbacks] if faults else callbacks,

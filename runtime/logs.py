@@ -15,6 +15,8 @@ import threading
 
 import tqdm
 
+from texar_lite import kernels
+
 log = logging.getLogger("lm_ptb")
 MODES = ("master", "workers", "collect")
 FORMAT = "%(asctime)s %(prefix)s%(message)s"
@@ -184,8 +186,9 @@ def _file_handler(path):
     return logging.FileHandler(path, mode="a")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions, precision):
-    """DeePMD-kit style block: where and how this run trains. Collective: call on every rank."""
+def training_summary(ctx, intra_threads, inter_threads, device, versions, ops):
+    """DeePMD-kit style block: where and how this run trains. ops: the op_selection.OpChoice
+    of the model it trains (which holds the precision). Collective: call on every rank."""
     # An elastic worker may join a running world: no collective before training.
     elastic = ctx.elastic
     hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
@@ -201,9 +204,9 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, precis
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
-        ("precision", _precision(precision)),
-        ("LSTM cell", _lstm_cell(precision, device)),
-        ("softmax loss", _softmax_loss(device)),
+        ("precision", _precision(ops.precision)),
+        ("LSTM cell", _lstm_cell(ops)),
+        ("softmax loss", _softmax_loss(ops)),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -239,22 +242,17 @@ def _precision(precision, cpuinfo="/proc/cpuinfo"):
     return precision
 
 
-# Which ops ran and why, as texar_lite/op_selection.py chose them for this
-# run's device and precision, the same choice that built the model.
-def _lstm_cell(precision, device="CPU"):
-    from texar_lite import decoder, op_selection
-    choice = op_selection.ops_for(device, precision)
-    if choice.fused_cell:
-        return f"{choice.cell} ({choice.cell_reason}: {os.path.relpath(decoder.FUSED_CELL_LIBRARY)})"
-    return choice.cell_line
+# Which ops run and why: an OpChoice (texar_lite/op_selection.py), with the library of a fused kernel.
+def _lstm_cell(ops):
+    if ops.fused_cell:
+        return f"{ops.cell} ({ops.cell_reason}: {os.path.relpath(kernels.library_path('lstm_cell'))})"
+    return ops.cell_line
 
 
-def _softmax_loss(device="CPU", precision="float32"):
-    from texar_lite import losses, op_selection
-    choice = op_selection.ops_for(device, precision)
-    if choice.fused_loss:
-        return f"{choice.loss} ({choice.loss_reason}: {os.path.relpath(losses.FUSED_LOSS_LIBRARY)})"
-    return choice.loss_line
+def _softmax_loss(ops):
+    if ops.fused_loss:
+        return f"{ops.loss} ({ops.loss_reason}: {os.path.relpath(kernels.library_path('softmax_xent'))})"
+    return ops.loss_line
 
 
 def _visible_gpus():

@@ -5,7 +5,6 @@ import numpy as np
 import tensorflow as tf
 
 import ptb_reader
-from texar_lite.losses import loss_name
 
 
 def versions(ctx):
@@ -28,8 +27,8 @@ def results_record(config, opts, ctx, model, data, plan, metrics, test_ppl, per_
         "world_size": ctx.size,
         "global_batch_size": plan.global_batch,
         "seed": opts.seed,
-        "lstm_cell": model.decoder.cell.name,
-        "softmax_loss": loss_name(opts.device),
+        "lstm_cell": model.ops.cell,
+        "softmax_loss": model.ops.loss,
         # Lets generate.py and score.py notice a data_path with other words.
         "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,

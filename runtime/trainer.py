@@ -22,7 +22,7 @@ from runtime.context import weights_digest
 from runtime.errors import CheckpointError, TrainingError, TrainingInterrupted
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan
-from runtime.results import results_record
+from runtime.results import results_record, versions
 from runtime.signals import StopSignals
 from texar_lite import optimization
 from texar_lite.dropout import RowDropout
@@ -140,6 +140,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     # Different seeds per rank on purpose: only rank 0's start, shared below,
     # makes the ranks agree, and a test checks that it does.
     model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
+    logs.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,

@@ -3,13 +3,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import decoder
+from texar_lite import decoder, kernels, op_selection
 
 
 def test_fused_cell_op_is_built():
     # scripts/setup.sh compiles it; without it training silently runs the slower TF ops.
-    assert decoder.FUSED_CELL is not None, f"{decoder.FUSED_CELL_LIBRARY} is missing: run make setup"
-    assert decoder.default_cell() is decoder.FUSED_CELL
+    assert kernels.LSTM_CELL is not None, f"{kernels.library_path('lstm_cell')} is missing: run make setup"
+    assert decoder.FUSED_CELL.library is kernels.LSTM_CELL
+    assert op_selection.ops_for().cell == "fused kernel"
 
 
 def test_fused_cell_equals_tf_ops_at_the_small_config_shapes():

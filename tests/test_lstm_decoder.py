@@ -8,6 +8,7 @@ from texar_lite import decoder
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import HParams
+from texar_lite.op_selection import ops_for
 
 
 def _cell(values):
@@ -43,15 +44,16 @@ def _outputs_and_grads(fn, dec, inputs, state, weights):
     return [logits, final] + grads
 
 
-CELLS = {"fused": decoder.FUSED_CELL, "tf_ops": decoder.TF_OPS_CELL}
+CELLS = {"fused": ops_for(), "tf_ops": ops_for(tf_ops=("cell",))}
 
 
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("forget_bias", [0.0, 1.0])
 def test_decoder_matches_autodiff_reference(forget_bias, cell):
     # 5 units: rows shorter than a SIMD register take Eigen's scalar path in the fused op.
-    dec = LSTMDecoder(input_size=6, vocab_size=13, cell=CELLS[cell],
+    dec = LSTMDecoder(input_size=6, vocab_size=13, ops=CELLS[cell],
                       hparams=_cell({"kwargs": {"num_units": 5, "forget_bias": forget_bias}, "num_layers": 2}))
+    assert dec.cell is {"fused": decoder.FUSED_CELL, "tf_ops": decoder.TF_OPS_CELL}[cell]
     rng = np.random.default_rng(1)
     for var in dec.trainable_variables:
         var.assign(rng.normal(scale=0.5, size=var.shape).astype(np.float32))
@@ -69,7 +71,8 @@ def test_decoder_matches_autodiff_reference(forget_bias, cell):
 def test_time_chunks_give_the_outputs_and_dropout_of_one_pass(monkeypatch, num_steps):
     # At least 3 steps: the chunk count is clamped to num_steps, and 1 step would run 1 chunk thrice.
     dec = LSTMDecoder(input_size=6, vocab_size=13, hparams=_cell({"kwargs": {"num_units": 8}, "num_layers": 2,
-                                                                  "dropout": {"output_keep_prob": 0.5}}))
+                                                                  "dropout": {"output_keep_prob": 0.5}}),
+                      ops=ops_for())
     rng = np.random.default_rng(2)
     inputs = tf.constant(rng.normal(size=(num_steps, 3, 6)).astype(np.float32))
     state = tf.constant(rng.normal(size=(2, 2, 3, 8)).astype(np.float32))

@@ -8,6 +8,7 @@ from runtime import logs
 from texar_lite import decoder
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.hparams import HParams
+from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, ops_for
 from tiny_training import train_tiny
 
 
@@ -28,14 +29,15 @@ def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, 
 
 def test_mixed_bfloat16_runs_the_tf_ops_cell():
     # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
-    dec = LSTMDecoder(input_size=4, vocab_size=7, precision="mixed_bfloat16",
-                      hparams=HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams()))
-    assert dec.cell is decoder.TF_OPS_CELL
-    assert decoder.default_cell("float32") is decoder.FUSED_CELL
-    assert logs._lstm_cell("mixed_bfloat16") == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
-    with pytest.raises(ValueError, match="the fused LSTM step is float32 only; precision mixed_bfloat16 needs"):
-        LSTMDecoder(input_size=4, vocab_size=7, hparams=HParams({}, decoder.default_hparams()),
-                    precision="mixed_bfloat16", cell=decoder.FUSED_CELL)
+    hparams = HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams())
+    ops = ops_for(precision="mixed_bfloat16")
+    dec = LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops)
+    assert (dec.cell, dec.matmul_dtype) == (decoder.TF_OPS_CELL, tf.bfloat16)
+    assert LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops_for()).cell is decoder.FUSED_CELL
+    assert logs._lstm_cell(ops) == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    with pytest.raises(ValueError) as err:
+        OpChoice("CPU", "mixed_bfloat16", FUSED, "by hand", TF_OPS, "by hand")
+    assert str(err.value) == "the fused LSTM step is float32 only; precision mixed_bfloat16 needs the TF-ops cell"
 
 
 def test_mixed_bfloat16_trains_close_to_float32():

@@ -9,6 +9,7 @@ from texar_lite import decoder as decoder_lib
 from texar_lite import embedder as embedder_lib
 from texar_lite import hparams as hparams_lib
 from texar_lite import optimization
+from texar_lite.op_selection import ops_for
 from runtime import config as config_lib
 from runtime.config import load_config
 from texar_lite.decoder import LSTMDecoder
@@ -33,7 +34,8 @@ def test_embedder_shapes_and_lookup():
 
 
 def test_decoder_shapes_and_state():
-    dec = LSTMDecoder(input_size=5, vocab_size=11, hparams=cell_hparams(num_units=4, forget_bias=0.0, num_layers=3))
+    dec = LSTMDecoder(input_size=5, vocab_size=11, hparams=cell_hparams(num_units=4, forget_bias=0.0, num_layers=3),
+                      ops=ops_for())
     logits, state = dec(tf.random.uniform([6, 2, 5]), dec.zero_state(2))
     assert logits.shape == (6, 2, 11)
     assert state.shape == (3, 2, 2, 4)
@@ -49,7 +51,8 @@ def _numpy_lstm(x, h, c, kernel_x, kernel_h, bias, forget_bias):
 
 
 def test_decoder_follows_the_basic_lstm_equations():
-    dec = LSTMDecoder(input_size=3, vocab_size=5, hparams=cell_hparams(num_units=2, forget_bias=1.0, num_layers=1))
+    dec = LSTMDecoder(input_size=3, vocab_size=5, hparams=cell_hparams(num_units=2, forget_bias=1.0, num_layers=1),
+                      ops=ops_for())
     rng = np.random.default_rng(0)
     inputs = rng.normal(size=(4, 2, 3)).astype(np.float32)
     state = rng.normal(size=(1, 2, 2, 2)).astype(np.float32)
@@ -73,10 +76,10 @@ def test_loss_is_summed_over_time_and_averaged_over_batch():
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
     expected = nll.sum() / 2
-    got = sequence_sparse_softmax_cross_entropy(tf.constant(labels), tf.constant(logits))
+    got = sequence_sparse_softmax_cross_entropy(tf.constant(labels), tf.constant(logits), ops=ops_for())
     assert float(got) == pytest.approx(expected, rel=1e-6)
     time_major = sequence_sparse_softmax_cross_entropy(
-        tf.constant(labels.T), tf.constant(logits.transpose(1, 0, 2)), time_major=True)
+        tf.constant(labels.T), tf.constant(logits.transpose(1, 0, 2)), time_major=True, ops=ops_for())
     assert float(time_major) == pytest.approx(expected, rel=1e-6)
     assert expected == pytest.approx(1.1561, abs=1e-4)  # (0.1699 + 1.4580 + 0.5514 + 0.1328) / 2, by hand
 
@@ -178,7 +181,7 @@ def test_the_pieces_use_the_configs_hparams_as_they_are_and_merge_nothing(monkey
 
 @pytest.mark.parametrize("build, owner", [
     (lambda: WordEmbedder(7, {"dim": 3}), "WordEmbedder"),
-    (lambda: LSTMDecoder(3, 5, {"num_layers": 1}), "LSTMDecoder"),
+    (lambda: LSTMDecoder(3, 5, {"num_layers": 1}, ops_for()), "LSTMDecoder"),
     (lambda: optimization.get_optimizer({"optimizer": {"type": "AdamOptimizer"}}), "get_optimizer"),
     (lambda: optimization.learning_rate_at_epoch(optimization.default_hparams(), 0), "learning_rate_at_epoch"),
 ])
@@ -193,9 +196,9 @@ def test_decoder_refuses_cell_hparams_it_cannot_build():
     defaults = decoder_lib.default_hparams()
     gru = HParams({"type": "GRUCell", "kwargs": {"num_units": 4}}, defaults)
     with pytest.raises(ValueError) as err:
-        LSTMDecoder(3, 5, gru)
+        LSTMDecoder(3, 5, gru, ops_for())
     assert str(err.value) == "cell.type 'GRUCell' is not supported; use one of LSTMBlockCell, LSTMCell, BasicLSTMCell"
     peephole = HParams({"type": "LSTMCell", "kwargs": {"num_units": 4, "use_peepholes": True}}, defaults)
     with pytest.raises(ValueError) as err:
-        LSTMDecoder(3, 5, peephole)
+        LSTMDecoder(3, 5, peephole, ops_for())
     assert str(err.value) == "cell.kwargs has unsupported keys ['use_peepholes']; use num_units, forget_bias"

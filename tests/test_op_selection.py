@@ -1,10 +1,13 @@
 """The fused CPU kernels are chosen only where they can run: on CPU, float32 (the cell), built.
 
-One function, texar_lite.op_selection.choose_ops, decides for the decoder, the
-loss and the training summary. These tests need no GPU: a model built for
+One function, texar_lite.op_selection.choose_ops, decides; a LanguageModel
+asks once (model.ops), and its decoder, the losses, the training summary and
+results.json follow that answer. These tests need no GPU: a model built for
 device "GPU:0" is traced here on the CPU and must hold no custom op.
 """
+import ast
 import collections
+import os
 import re
 
 import numpy as np
@@ -14,12 +17,12 @@ import tensorflow as tf
 from runtime import job, logs
 from runtime.config import load_config
 from runtime.context import LocalContext
+from conftest import ROOT
 from runtime.plan import BatchPlan
 from runtime.trainer import make_eval_step, make_train_step
-from texar_lite import decoder, losses, op_selection, optimization
-from texar_lite.hparams import HParams
+from texar_lite import decoder, kernels, losses, op_selection, optimization
 from texar_lite.model import LanguageModel
-from texar_lite.op_selection import OpChoice, choose_ops
+from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops
 
 CUSTOM_OPS = {"LstmStepForward", "LstmStepBackward", "SoftmaxCrossEntropyInPlace"}
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
@@ -96,27 +99,49 @@ def test_an_unknown_device_is_refused():
 
 def test_this_checkout_has_both_kernels_built():
     # The machine-level facts the tests below rely on (make setup builds both).
-    assert decoder.FUSED_CELL is not None and losses.FUSED_LOSS is not None
+    assert kernels.LSTM_CELL is not None and kernels.SOFTMAX_XENT is not None
     assert op_selection.ops_for("CPU") == choose_ops("CPU", "float32", True, True)
     assert op_selection.ops_for("GPU:0") == choose_ops("GPU:0", "float32", True, True)
 
 
-def test_the_training_summary_names_the_ops_and_why():
+def _tiny_config(*overrides):
+    return load_config("tests/config_tiny.py", ["vocab_size=50", "num_steps=3", "batch_size=4", *overrides])
+
+
+def _tiny_model(device, *overrides, tf_ops=()):
+    return LanguageModel(_tiny_config(*overrides), 50, seed=1, device=device, tf_ops=tf_ops)
+
+
+def test_the_training_summary_names_the_models_ops_and_why():
     versions = {"tensorflow": tf.__version__}
-    gpu = logs.training_summary(LocalContext(), 2, 2, "GPU:0", versions, "float32")
+
+    def summary(device, *overrides):
+        return logs.training_summary(LocalContext(), 2, 2, device, versions, _tiny_model(device, *overrides).ops)
+
+    gpu = summary("GPU:0")
     assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
-    cpu = logs.training_summary(LocalContext(), 2, 2, "CPU", versions, "float32")
+    cpu = summary("CPU")
     assert cpu["LSTM cell"] == "fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so)"
     assert cpu["softmax loss"] == "fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so)"
-    bf16 = logs.training_summary(LocalContext(), 2, 2, "CPU", versions, "mixed_bfloat16")
+    bf16 = summary("CPU", "precision=mixed_bfloat16")
     assert bf16["LSTM cell"] == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    assert bf16["precision"].startswith("mixed_bfloat16")
 
 
 def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
-    monkeypatch.setattr(losses, "FUSED_LOSS", None)
-    assert logs._softmax_loss("CPU") == "TF ops (the fused kernel is not built: run make setup)"
-    assert losses.loss_name("CPU") == "TF ops"
+    monkeypatch.setattr(kernels, "SOFTMAX_XENT", None)
+    model = _tiny_model("CPU")
+    assert (model.ops.cell, model.ops.loss) == ("fused kernel", "TF ops")
+    assert logs._softmax_loss(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
+
+
+def test_the_unbuilt_cell_kernel_is_reported_and_runs_the_tf_ops(monkeypatch):
+    monkeypatch.setattr(kernels, "LSTM_CELL", None)
+    model = _tiny_model("CPU")
+    assert (model.ops.cell, model.ops.loss) == ("TF ops", "fused kernel")
+    assert model.decoder.cell is decoder.TF_OPS_CELL
+    assert logs._lstm_cell(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
 
 
 def _traced_op_types(device, tf_ops=()):
@@ -127,7 +152,7 @@ def _traced_op_types(device, tf_ops=()):
 
 def _traced_op_counts(device, tf_ops=()):
     """The model, and how many ops of each type its train and eval step graphs hold."""
-    config = load_config("tests/config_tiny.py", ["vocab_size=50", "num_steps=3", "batch_size=4"])
+    config = _tiny_config()
     model = LanguageModel(config, 50, seed=1, device=device, tf_ops=tf_ops)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
@@ -185,11 +210,53 @@ def test_a_cpu_model_asked_for_tf_ops_runs_them_in_training_and_evaluation(tf_op
     assert types & CUSTOM_OPS == left
 
 
-def test_the_fused_cell_is_refused_for_a_gpu_model():
-    with pytest.raises(ValueError, match="the fused LSTM step is a CPU kernel; device GPU:0 needs the TF-ops cell"):
-        decoder.LSTMDecoder(input_size=4, vocab_size=7,
-                            hparams=HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams()),
-                            cell=decoder.FUSED_CELL, device="GPU:0")
+@pytest.mark.parametrize("cell, loss, message", [
+    (FUSED, TF_OPS, "the fused LSTM step is a CPU kernel; device GPU needs the TF-ops cell"),
+    (TF_OPS, FUSED, "the fused softmax loss is a CPU kernel; device GPU needs the TF-ops loss"),
+])
+def test_a_choice_made_by_hand_for_gpu_cannot_name_a_fused_kernel(cell, loss, message):
+    with pytest.raises(ValueError) as err:
+        OpChoice("GPU", "float32", cell, "by hand", loss, "by hand")
+    assert str(err.value) == message
+
+
+def _imported(node):
+    """The names an import statement imports: modules, and for `from M import N` also M.N."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if isinstance(node, ast.ImportFrom) and node.module:
+        return {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return set()
+
+
+def test_texar_lite_imports_form_no_circle_and_none_is_put_off_to_a_call():
+    modules = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "texar_lite")):
+        for file in files:
+            if file.endswith(".py"):
+                path = os.path.join(folder, file)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                modules[os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")] = tree
+    edges = {}
+    for name, tree in modules.items():
+        anywhere = set().union(*map(_imported, ast.walk(tree))) & set(modules)
+        # At the top of the module, where a circle would show at once, never inside a function.
+        assert anywhere <= set().union(*map(_imported, tree.body)), name
+        edges[name] = anywhere - {name}
+    done = set()
+
+    def visit(name, chain):
+        assert name not in chain, " -> ".join([*chain, name])
+        if name not in done:
+            for imported in sorted(edges[name]):
+                visit(imported, [*chain, name])
+            done.add(name)
+
+    for name in sorted(modules):
+        visit(name, [])
+    assert done == set(modules) and len(done) >= 11
+    assert edges["texar_lite.op_selection"] == {"texar_lite", "texar_lite.kernels"}
 
 
 def test_the_loss_for_gpu_equals_the_fused_loss():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import losses, op_selection
+from texar_lite import kernels, op_selection
 from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 
 
@@ -21,8 +21,8 @@ def loss_ops(request):
 
 def test_fused_loss_op_is_built():
     # scripts/setup.sh compiles it; without it training silently runs the slower TF ops.
-    assert losses.FUSED_LOSS is not None, f"{losses.FUSED_LOSS_LIBRARY} is missing: run make setup"
-    assert losses.loss_name() == "fused kernel"
+    assert kernels.SOFTMAX_XENT is not None, f"{kernels.library_path('softmax_xent')} is missing: run make setup"
+    assert op_selection.ops_for().loss == "fused kernel"
 
 
 def test_loss_and_gradient_match_tensorflow_cross_entropy(loss_ops):
@@ -72,7 +72,7 @@ def test_fused_loss_overwrites_only_logits_nothing_else_reads():
     @tf.function
     def kept_and_grad(base):
         logits = base * 2.0
-        nll, backprop = losses.FUSED_LOSS.softmax_cross_entropy_in_place(logits, labels)
+        nll, backprop = kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(logits, labels)
         with tf.control_dependencies([nll, backprop]):
             return tf.identity(logits), backprop
 
@@ -82,15 +82,15 @@ def test_fused_loss_overwrites_only_logits_nothing_else_reads():
     # Eagerly the caller holds the logits, so they are never overwritten:
     # compared with a copy taken before the call, not with the buffer itself.
     before = base.numpy().copy()
-    losses.FUSED_LOSS.softmax_cross_entropy_in_place(base, labels)
+    kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(base, labels)
     np.testing.assert_array_equal(base.numpy(), before)
 
 
 def test_fused_loss_rejects_labels_outside_the_vocabulary():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels\[1\] = 7 is outside \[0, 7\)"):
-        losses.FUSED_LOSS.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 7]))
+        kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 7]))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels must be \[2\], got \[3\]"):
-        losses.FUSED_LOSS.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 1, 2]))
+        kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(tf.zeros([2, 7]), tf.constant([0, 1, 2]))
 
 
 def test_evaluation_loss_matches_tensorflow_per_token(loss_ops):

@@ -1,5 +1,5 @@
 """A few training steps of the tiny model on random tokens, for the tests that compare variants of the
-training step (test_gradient_order.py, test_mixed_bfloat16.py)."""
+training step (test_mixed_bfloat16.py)."""
 import numpy as np
 import tensorflow as tf
 
@@ -11,7 +11,7 @@ from texar_lite import optimization
 from texar_lite.model import LanguageModel
 
 
-def train_tiny(precision, steps=4, initial=None, input_gradient_first=True):
+def train_tiny(precision, steps=4, initial=None):
     """Trains the tiny model `steps` steps on random tokens; returns (losses, model).
 
     `initial`, a list, gets the weights before training.
@@ -19,7 +19,6 @@ def train_tiny(precision, steps=4, initial=None, input_gradient_first=True):
     config = load_config("tests/config_tiny.py", [f"precision={precision}", "vocab_size=200"])
     rng = np.random.default_rng(3)
     model = LanguageModel(config, 200, seed=5)
-    model.decoder.input_gradient_first = input_gradient_first
     if initial is not None:
         initial.extend(var.numpy().copy() for var in model.trainable_variables)
     optimizer = optimization.get_optimizer(config["opt"])

@@ -1,7 +1,7 @@
 """A multi-layer LSTM decoder with an output layer, from Texar-style `cell` hparams."""
 import tensorflow as tf
 
-from texar_lite import kernels, op_selection
+from texar_lite import kernels
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import expect_merged
 from texar_lite.initializers import uniform_initializer
@@ -13,7 +13,7 @@ PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 # The layers run over time in chunks: the second layer's first chunk can then
 # run while the first layer works on its second chunk, so the two cores share
 # the otherwise serial recurrent chains. More chunks mean smaller matmuls,
-# which lose that gain again (BENCHMARKS.md has the figures).
+# which lose that gain again (docs/training_step.md has the figures).
 TIME_CHUNKS = 2
 
 
@@ -45,30 +45,23 @@ class LSTMDecoder(tf.Module):
     carried between BPTT windows, checkpointed and gathered across ranks as is.
     """
 
-    def __init__(self, input_size, vocab_size, hparams, initializer=None, precision="float32",
-                 cell=None, device="CPU", time_chunks=TIME_CHUNKS, input_gradient_first=True,
+    def __init__(self, input_size, vocab_size, hparams, ops, initializer=None, time_chunks=TIME_CHUNKS,
                  name="lstm_decoder"):
         """hparams: HParams merged over default_hparams() already (a config's cell, or
-        HParams(values, default_hparams())), used as they are. device: where the model
-        runs ("CPU", "GPU:0"); with precision it picks the cell
-        (texar_lite/op_selection.py) unless `cell` is given. time_chunks: how many pieces
-        the layers run over time in (TIME_CHUNKS). input_gradient_first: each affine
-        layer's backward computes the input gradient before the kernel gradient (why:
-        _affine_function); False leaves the order to TensorFlow, the same values, for the
-        benchmark's lever row. Both are read when the call is traced."""
+        HParams(values, default_hparams())), used as they are. ops: the model's
+        op_selection.OpChoice (LanguageModel.ops, or op_selection.ops_for(device,
+        precision)), which names the cell and the precision to run. time_chunks: how many
+        pieces the layers run over time in (TIME_CHUNKS), read when the call is traced."""
         super().__init__(name=name)
         self.time_chunks = time_chunks
-        self.input_gradient_first = input_gradient_first
-        self.cell = cell or default_cell(precision, device)
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision {precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
-        if self.cell is FUSED_CELL and precision != "float32":
-            raise ValueError(f"the fused LSTM step is float32 only; precision {precision} needs the TF-ops cell")
-        if self.cell is FUSED_CELL and op_selection.device_type(device) != "CPU":
-            raise ValueError(f"the fused LSTM step is a CPU kernel; device {device} needs the TF-ops cell")
+        if ops.precision not in PRECISIONS:
+            raise ValueError(f"precision {ops.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
+        if ops.fused_cell and FUSED_CELL is None:
+            raise ValueError(f"the fused LSTM step is not built ({kernels.library_path('lstm_cell')}): run make setup")
+        self.cell = FUSED_CELL if ops.fused_cell else TF_OPS_CELL
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
         # cell state, the gate nonlinearities and the logits stay fp32.
-        self.matmul_dtype = PRECISIONS[precision]
+        self.matmul_dtype = PRECISIONS[ops.precision]
         self.hparams = check_hparams(expect_merged(hparams, "LSTMDecoder"))
         kwargs = self.hparams.kwargs
         self.num_units = kwargs.num_units
@@ -101,7 +94,7 @@ class LSTMDecoder(tf.Module):
 
     def _affine(self, x, kernel, bias):
         if self.matmul_dtype == tf.float32:
-            return _AFFINE[self.input_gradient_first](x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
+            return _affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
         return self._matmul(x, kernel) + bias
 
     def _gate_bias(self, layer):
@@ -151,7 +144,8 @@ class LSTMDecoder(tf.Module):
         return logits, tf.stack([tf.stack([c[layer], h[layer]]) for layer in range(self.num_layers)])
 
 
-def _affine_function(input_gradient_first):
+@tf.custom_gradient
+def _affine(x, kernel, bias):
     """x [N, D] x kernel [D, K] + bias [K] (the softmax layer, and each LSTM layer's input projection).
 
     The bias gradient is a column sum over the [N, K] output gradient, a
@@ -167,26 +161,18 @@ def _affine_function(input_gradient_first):
     after both; ordered, each runs at full speed and the BPTT can start after
     d_x. d_x is a BatchMatMulV2 with adj_y rather than MatMul with
     transpose_b: the same product, for which TF's oneDNN path picks a faster
-    kernel. input_gradient_first=False drops the order, for the benchmark's
-    lever row (BENCHMARKS.md has the figures of each choice).
+    kernel.
     """
-    @tf.custom_gradient
-    def affine(x, kernel, bias):
-        out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+    out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
-        def grad(d_out):
-            d_x = tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
-            with tf.control_dependencies([d_x] if input_gradient_first else []):
-                x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
-            d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
-            return d_x, d_kernel, tf.reshape(d_bias, [-1])
+    def grad(d_out):
+        d_x = tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
+        with tf.control_dependencies([d_x]):
+            x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
+        d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
+        return d_x, d_kernel, tf.reshape(d_bias, [-1])
 
-        return out, grad
-
-    return affine
-
-
-_AFFINE = {order: _affine_function(order) for order in (True, False)}
+    return out, grad
 
 
 class _TfOpsCell:
@@ -244,21 +230,9 @@ class _FusedCell:
         return self.library.lstm_step_backward(d_h, d_output, d_c, *saved, kernel)
 
 
-FUSED_CELL_LIBRARY = kernels.library_path("lstm_cell")
-_CELL_LIBRARY = kernels.load("lstm_cell")
-FUSED_CELL = _FusedCell(_CELL_LIBRARY) if _CELL_LIBRARY else None
+# The cells an OpChoice names: FUSED_CELL is None where setup has not built the kernel.
+FUSED_CELL = _FusedCell(kernels.LSTM_CELL) if kernels.LSTM_CELL else None
 TF_OPS_CELL = _TfOpsCell()
-
-
-def cell_for(ops):
-    """The cell that an op_selection.OpChoice names."""
-    return FUSED_CELL if ops.fused_cell else TF_OPS_CELL
-
-
-def default_cell(precision="float32", device="CPU"):
-    """The fused kernel on CPU when scripts/setup.sh has built it and the matmuls are float32, else the
-    TF ops: op_selection.choose_ops decides."""
-    return cell_for(op_selection.choose_ops(device, precision, cell_built=FUSED_CELL is not None, loss_built=False))
 
 
 def _lstm_sequence(projected, c, h, kernel, cell):

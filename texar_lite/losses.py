@@ -1,21 +1,19 @@
 """Texar's default sequence loss."""
 import tensorflow as tf
 
-from texar_lite import kernels, op_selection
+from texar_lite import kernels
 
-# texar_lite/kernels/softmax_xent.cc: the loss and its gradient in one op
-# that sweeps the [N, V] logits once and writes the gradient over them.
-# Without it (setup has not built it), and on a GPU (it is a CPU kernel),
-# the TF ops below compute the same: op_selection.choose_ops decides.
-FUSED_LOSS_LIBRARY = kernels.library_path("softmax_xent")
-FUSED_LOSS = kernels.load("softmax_xent")
+# texar_lite/kernels/softmax_xent.cc (kernels.SOFTMAX_XENT) is the loss and
+# its gradient in one op that sweeps the [N, V] logits once and writes the
+# gradient over them. Where the model's OpChoice does not pick it (not built,
+# or a GPU: it is a CPU kernel), the TF ops below compute the same.
 
 # Below this probability -log(p) loses precision (fp32 subnormals start at
 # 1.2e-38), so such a batch takes the exact log-sum-exp route instead.
 _SMALLEST_SAFE_PROBABILITY = 1e-30
 
 
-def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True, ops=None):
+def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, average_across_batch=True, *, ops):
     """Cross entropy summed over time and, by default, averaged over the batch.
 
     labels [B, T] int, logits [B, T, V] (or [T, B] and [T, B, V] when
@@ -24,8 +22,7 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, aver
     the plain sum, whose gradient (softmax - onehot) needs no scaling pass
     over the [B*T, V] block: the trainer differentiates that and folds
     1/batch into the optimizer step. ops is the model's op_selection.OpChoice
-    (model.ops), which says whether the fused kernel or the TF ops run; None
-    takes op_selection.ops_for(): CPU, the kernel when it is built.
+    (model.ops), which says whether the fused kernel or the TF ops run.
     """
     batch_axis = 1 if time_major else 0
     divisor = tf.cast(tf.shape(labels)[batch_axis], logits.dtype) if average_across_batch else tf.ones([], logits.dtype)
@@ -33,37 +30,28 @@ def sequence_sparse_softmax_cross_entropy(labels, logits, time_major=False, aver
                                  divisor, ops)
 
 
-def _use_fused(ops):
-    return (op_selection.ops_for() if ops is None else ops).fused_loss
-
-
-def token_cross_entropy(labels, logits, ops=None):
+def token_cross_entropy(labels, logits, *, ops):
     """-log softmax(logits)[labels] per token: labels [...], logits [..., V] (the evaluation loss).
 
     ops as for sequence_sparse_softmax_cross_entropy.
     """
-    if not _use_fused(ops):
+    if not ops.fused_loss:
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    nll, _ = FUSED_LOSS.softmax_cross_entropy_in_place(tf.reshape(logits, [-1, logits.shape[-1]]),
-                                                         tf.reshape(labels, [-1]))
+    nll, _ = kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(tf.reshape(logits, [-1, logits.shape[-1]]),
+                                                                 tf.reshape(labels, [-1]))
     return tf.reshape(nll, tf.shape(labels))
-
-
-def loss_name(device="CPU"):
-    """Which softmax loss runs on `device`, for the training summary and results.json."""
-    return op_selection.ops_for(device).loss
 
 
 def _summed_cross_entropy(labels, logits, divisor, ops):
     """sum(-log softmax(logits)[labels]) / divisor for rows of [N, V] logits."""
-    if not _use_fused(ops):
+    if not ops.fused_loss:
         return _summed_cross_entropy_tf_ops(labels, logits, divisor)
     return _summed_cross_entropy_fused(labels, logits, divisor)
 
 
 @tf.custom_gradient
 def _summed_cross_entropy_fused(labels, logits, divisor):
-    nll, backprop = FUSED_LOSS.softmax_cross_entropy_in_place(logits, labels)
+    nll, backprop = kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(logits, labels)
 
     def grad(upstream):
         if tf.get_static_value(upstream) == 1 and tf.get_static_value(divisor) == 1:
@@ -77,11 +65,10 @@ def _summed_cross_entropy_fused(labels, logits, divisor):
 def _summed_cross_entropy_tf_ops(labels, logits, divisor):
     """The same as TF ops.
 
-    With a 10k vocabulary TF's fused SparseSoftmaxCrossEntropyWithLogits
-    kernel was a third of the step: it runs Eigen's exp over the [N, V]
-    block and measured 3x slower on CPU than the oneDNN softmax used here.
-    The softmax is reused for the gradient, softmax - onehot, written in
-    place at the N label positions.
+    Not TF's SparseSoftmaxCrossEntropyWithLogits: it runs Eigen's exp over
+    the [N, V] block, slower on CPU than the oneDNN softmax used here. The
+    softmax is reused for the gradient, softmax - onehot, written in place
+    at the N label positions.
     """
     rows = tf.range(tf.shape(labels)[0], dtype=labels.dtype)
     positions = tf.stack([rows, labels], axis=1)
@@ -94,7 +81,7 @@ def _summed_cross_entropy_tf_ops(labels, logits, divisor):
     def grad(upstream):
         if tf.get_static_value(upstream) == 1 and tf.get_static_value(divisor) == 1:
             # The gradient of the plain sum. TensorScatterSub would copy the
-            # whole [N, V] block (1 ms); InplaceSub writes into the softmax's
+            # whole [N, V] block; InplaceSub writes into the softmax's
             # own buffer instead, which nothing reads after the gather above:
             # the control dependency makes sure that gather has run.
             with tf.control_dependencies([label_probs]):

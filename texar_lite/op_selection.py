@@ -1,4 +1,10 @@
-"""Which LSTM cell and which softmax loss a run uses: the one place that decides.
+"""Which LSTM cell and which softmax loss a model runs: the one place that decides.
+
+A LanguageModel calls ops_for once and keeps the answer as model.ops (an
+OpChoice); its decoder runs the cell that names, the losses take it as
+ops=model.ops, and results.json reports it. The training summary, logged
+before the trainer builds the model, shows ops_for's answer for the same
+device and precision.
 
 The fused ops (texar_lite/kernels/*.cc) are CPU kernels only. Picked on a
 GPU, every LSTM step would run on the host with a copy of its inputs and
@@ -28,6 +34,8 @@ rows and the tests compare the fused kernels with the TF ops.
 import dataclasses
 import re
 
+from texar_lite import kernels
+
 FUSED = "fused kernel"
 TF_OPS = "TF ops"
 DEVICE_TYPES = ("CPU", "GPU")
@@ -50,7 +58,8 @@ class OpChoice:
     """cell and loss are FUSED or TF_OPS; each reason says why, in a few words.
 
     A dataclass, not a tuple: tf.Module would track a tuple attribute as a
-    checkpoint dependency.
+    checkpoint dependency. A choice made by hand is checked as choose_ops
+    would decide: the fused kernels run on CPU only, the cell on float32 only.
     """
     device_type: str
     precision: str
@@ -58,6 +67,15 @@ class OpChoice:
     cell_reason: str
     loss: str
     loss_reason: str
+
+    def __post_init__(self):
+        if self.fused_cell and self.device_type != "CPU":
+            raise ValueError(f"the fused LSTM step is a CPU kernel; device {self.device_type} needs the TF-ops cell")
+        if self.fused_cell and self.precision != "float32":
+            raise ValueError(f"the fused LSTM step is float32 only; precision {self.precision} needs the TF-ops cell")
+        if self.fused_loss and self.device_type != "CPU":
+            raise ValueError(f"the fused softmax loss is a CPU kernel; device {self.device_type} needs the TF-ops "
+                             "loss")
 
     @property
     def fused_cell(self):
@@ -120,7 +138,6 @@ def choose_ops(device, precision, cell_built, loss_built, tf_ops=()):
 
 
 def ops_for(device="CPU", precision="float32", tf_ops=()):
-    """choose_ops with what setup built in this checkout (read at call time, so tests may unload an op)."""
-    from texar_lite import decoder, losses
-    return choose_ops(device, precision, cell_built=decoder.FUSED_CELL is not None,
-                      loss_built=losses.FUSED_LOSS is not None, tf_ops=tf_ops)
+    """choose_ops with the libraries texar_lite/kernels loaded (read at call time, so a test may unload one)."""
+    return choose_ops(device, precision, cell_built=kernels.LSTM_CELL is not None,
+                      loss_built=kernels.SOFTMAX_XENT is not None, tf_ops=tf_ops)

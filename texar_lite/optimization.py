@@ -127,9 +127,8 @@ def apply_gradients(optimizer, grads, variables, scale=None):
 
     Keras' SGD keeps a momentum slot even at momentum 0 and spends four passes
     over every dense variable on it, and turns the embedding's sparse update
-    into dense ones; in the small config that was a sixth of the step. The
-    update var - lr * scale * grad is the same arithmetic, so results do not
-    change.
+    into dense ones. The update var - lr * scale * grad is the same
+    arithmetic in one pass, so results do not change.
     """
     if not _is_plain_sgd(optimizer):
         if scale is not None:

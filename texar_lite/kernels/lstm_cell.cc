@@ -5,9 +5,9 @@
 // Built by scripts/setup.sh into lstm_cell.so next to this file.
 //
 // Why: in the small config a cell step is a [20, 800] block. Written as TF
-// ops it is about 12 ops forward and 15 backward, each a few microseconds of
-// scheduling for under a microsecond of arithmetic; over 20 steps x 2 layers
-// that was about a third of the training step. Here each direction is one op.
+// ops it is about 12 ops forward and 15 backward, each costing more in
+// scheduling than in arithmetic, and the step repeats them for every time
+// step of every layer. Here each direction is one op.
 // The input projections and the kernels' gradients, one matmul per layer
 // each, stay in TF (oneDNN).
 //
@@ -115,9 +115,8 @@ const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat
 
 // The recurrent product runs here, in Eigen's GEMM, its output columns split
 // over TF's intra-op threads: one op per time step each way instead of a
-// MatMul op and a cell op. Against oneDNN's MatMul plus the cell op, the
-// small training step went from 49.2 to 46.9 ms (median of 9 paired rounds);
-// the same product on one thread was slower than oneDNN (51.6 ms).
+// MatMul op and a cell op, which saves an op's scheduling per step. On one
+// thread the product would be slower than oneDNN's, hence the split.
 ConstMatrixMap Matrix(OpKernelContext* ctx, int index) {
   const Tensor& t = ctx->input(index);
   return ConstMatrixMap(t.flat<float>().data(), t.dim_size(0), t.dim_size(1));

@@ -6,8 +6,8 @@
 // Why: the small config's logits are a [400, 10000] block, 16 MB. TF's
 // SparseSoftmaxCrossEntropyWithLogits and its oneDNN softmax each sweep it
 // several times (max, exp, sum, divide, then subtract the one-hot) and write
-// a fresh 16 MB result, so on a CPU whose memory moves about 12 GB/s per core
-// the softmax alone took 10-12 ms of an 85 ms step. Here each row of V floats
+// a fresh 16 MB result, so the softmax is bound by memory bandwidth, not
+// arithmetic. Here each row of V floats
 // (40 kB) is read once from memory, and every later pass over it runs in the
 // core's cache. The gradient overwrites the logits when nothing else reads
 // them (the training step), so no new block is allocated either.
