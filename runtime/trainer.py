@@ -14,7 +14,7 @@ import time
 import tensorflow as tf
 
 import ptb_reader
-from runtime import logs
+from runtime import logs, summary
 from runtime.atomic_files import atomic_write
 from runtime.callbacks import CallbackList
 from runtime.checkpointing import TrainCheckpoint, global_lstm_state
@@ -140,7 +140,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     # Different seeds per rank on purpose: only rank 0's start, shared below,
     # makes the ranks agree, and a test checks that it does.
     model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
-    logs.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops)
+    summary.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,

@@ -137,7 +137,7 @@ def test_a_model_built_after_hidden_size_650_is_650_wide():
     model = LanguageModel(config, vocab_size=50, seed=3)
     assert model.embedder.embedding.shape == (50, 650)
     assert [kernel.shape for kernel in model.decoder.recurrent_kernels] == [(650, 2600), (650, 2600)]
-    assert cli.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
+    assert job.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
 
 
 def _config_small_and(tmp_path, text):

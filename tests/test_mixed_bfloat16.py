@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runtime import logs
+from runtime import summary
 from texar_lite import decoder
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.hparams import HParams
@@ -23,8 +23,8 @@ from tiny_training import train_tiny
 def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, want):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
-    assert logs._precision(precision, str(cpuinfo)) == want
-    assert logs.native_bf16_flags(str(tmp_path / "missing")) == []
+    assert summary._precision(precision, str(cpuinfo)) == want
+    assert summary.native_bf16_flags(str(tmp_path / "missing")) == []
 
 
 def test_mixed_bfloat16_runs_the_tf_ops_cell():
@@ -34,7 +34,7 @@ def test_mixed_bfloat16_runs_the_tf_ops_cell():
     dec = LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops)
     assert (dec.cell, dec.matmul_dtype) == (decoder.TF_OPS_CELL, tf.bfloat16)
     assert LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops_for()).cell is decoder.FUSED_CELL
-    assert logs._lstm_cell(ops) == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    assert summary._lstm_cell(ops) == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
     with pytest.raises(ValueError) as err:
         OpChoice("CPU", "mixed_bfloat16", FUSED, "by hand", TF_OPS, "by hand")
     assert str(err.value) == "the fused LSTM step is float32 only; precision mixed_bfloat16 needs the TF-ops cell"

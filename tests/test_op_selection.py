@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runtime import job, logs
+from runtime import job, summary
 from runtime.config import load_config
 from runtime.context import LocalContext
 from conftest import ROOT
@@ -115,16 +115,16 @@ def _tiny_model(device, *overrides, tf_ops=()):
 def test_the_training_summary_names_the_models_ops_and_why():
     versions = {"tensorflow": tf.__version__}
 
-    def summary(device, *overrides):
-        return logs.training_summary(LocalContext(), 2, 2, device, versions, _tiny_model(device, *overrides).ops)
+    def rows(device, *overrides):
+        return summary.training_summary(LocalContext(), 2, 2, device, versions, _tiny_model(device, *overrides).ops)
 
-    gpu = summary("GPU:0")
+    gpu = rows("GPU:0")
     assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
-    cpu = summary("CPU")
+    cpu = rows("CPU")
     assert cpu["LSTM cell"] == "fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so)"
     assert cpu["softmax loss"] == "fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so)"
-    bf16 = summary("CPU", "precision=mixed_bfloat16")
+    bf16 = rows("CPU", "precision=mixed_bfloat16")
     assert bf16["LSTM cell"] == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
     assert bf16["precision"].startswith("mixed_bfloat16")
 
@@ -133,7 +133,7 @@ def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
     monkeypatch.setattr(kernels, "SOFTMAX_XENT", None)
     model = _tiny_model("CPU")
     assert (model.ops.cell, model.ops.loss) == ("fused kernel", "TF ops")
-    assert logs._softmax_loss(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
+    assert summary._softmax_loss(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
 
 
 def test_the_unbuilt_cell_kernel_is_reported_and_runs_the_tf_ops(monkeypatch):
@@ -141,7 +141,7 @@ def test_the_unbuilt_cell_kernel_is_reported_and_runs_the_tf_ops(monkeypatch):
     model = _tiny_model("CPU")
     assert (model.ops.cell, model.ops.loss) == ("TF ops", "fused kernel")
     assert model.decoder.cell is decoder.TF_OPS_CELL
-    assert logs._lstm_cell(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
+    assert summary._lstm_cell(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
 
 
 def _traced_op_types(device, tf_ops=()):

@@ -1,0 +1,82 @@
+"""The block a run logs before training: where and how it trains, DeePMD-kit style."""
+import logging
+import os
+import socket
+
+from texar_lite import kernels
+
+log = logging.getLogger("lm_ptb")
+
+
+def training_summary(ctx, intra_threads, inter_threads, device, versions, ops):
+    """DeePMD-kit style block: where and how this run trains. ops: the op_selection.OpChoice
+    of the model it trains (which holds the precision). Collective: call on every rank."""
+    # An elastic worker may join a running world: no collective before training.
+    elastic = ctx.elastic
+    hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
+    gpus = _visible_gpus()
+    rows = [
+        ("running", f"distributed, {ctx.size} ranks" if ctx.size > 1 else "serial"),
+        ("world size", ctx.size),
+        ("my rank", ctx.rank),
+        ("node list", "elastic: the hosts of horovodrun's discovery script" if elastic
+         else ", ".join(sorted(set(hosts))) + f" ({len(set(hosts))} nodes)"),
+        ("this host", socket.gethostname()),
+        ("computing device", device),
+        ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
+        ("visible GPUs", gpus),
+        ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
+        ("precision", _precision(ops.precision)),
+        ("LSTM cell", _lstm_cell(ops)),
+        ("softmax loss", _softmax_loss(ops)),
+        ("TensorFlow", versions.get("tensorflow")),
+        ("Horovod", versions.get("horovod") or "not used"),
+        ("MPI", versions.get("mpi") or "not used"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = ["---Summary of the training" + "-" * 40]
+    lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    lines.append("-" * 66)
+    for line in lines:
+        log.info(line)
+    return dict(rows)
+
+
+def native_bf16_flags(cpuinfo="/proc/cpuinfo"):
+    """The CPU flags of hardware bf16 dot products (AVX512_BF16, AMX) this machine has."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
+
+
+def _precision(precision, cpuinfo="/proc/cpuinfo"):
+    # float32 stays the default everywhere, so that one command trains the
+    # same model on every machine; where bf16 is native, say what it buys.
+    native = native_bf16_flags(cpuinfo)
+    if precision == "float32" and native:
+        return (f"float32 (this CPU has {', '.join(native)}: --set precision=mixed_bfloat16 trains faster, "
+                "at up to 1.5% higher perplexity; see BENCHMARKS.md)")
+    if precision == "mixed_bfloat16" and not native:
+        return "mixed_bfloat16 (no native bf16 on this CPU: slower than float32 here)"
+    return precision
+
+
+# Which ops run and why: an OpChoice (texar_lite/op_selection.py), with the library of a fused kernel.
+def _lstm_cell(ops):
+    if ops.fused_cell:
+        return f"{ops.cell} ({ops.cell_reason}: {os.path.relpath(kernels.library_path('lstm_cell'))})"
+    return ops.cell_line
+
+
+def _softmax_loss(ops):
+    if ops.fused_loss:
+        return f"{ops.loss} ({ops.loss_reason}: {os.path.relpath(kernels.library_path('softmax_xent'))})"
+    return ops.loss_line
+
+
+def _visible_gpus():
+    import tensorflow as tf
+    return len(tf.config.list_physical_devices("GPU"))
