@@ -257,10 +257,7 @@ def ptb_iterator(data, batch_size, num_steps, rank=0, size=1, name="data"):
         raise PTBDataError(
             f"rank {rank} is out of range for {size} ranks: use 0..{size - 1}")
     if batch_size % size:
-        raise PTBDataError(
-            f"batch_size {batch_size} is not divisible by {size} ranks: use a "
-            f"batch_size that is a multiple of the world size, or "
-            f"batch_mode=per_worker")
+        raise PTBDataError(f"{batch_size} rows do not split into {size} equal blocks, one per rank")
     steps = num_steps_per_epoch(len(data), batch_size, num_steps)
     if steps == 0:
         raise PTBDataError(

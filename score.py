@@ -25,7 +25,7 @@ def score(trained, ids, name="the text"):
         raise UsageError(f"{name} has {len(ids)} tokens, too few for the run's batch_size {batch} x num_steps "
                          f"{steps}: it needs at least {batch * (steps + 1)}")
     eval_step = trainer.make_eval_step(trained.model)
-    ppl = trainer.evaluate(trained.model, eval_step, ids, trained.config, context.LocalContext(), "chief")
+    ppl = trainer.evaluate(trained.model, eval_step, ids, trained.config, context.LocalContext(), "rank0")
     return ppl, windows * batch * steps
 
 

@@ -152,7 +152,7 @@ class UnsyncedContext(context.LocalContext):
 
     def __init__(self, rank, size):
         self.rank, self.size = rank, size
-        self.local_size, self.is_chief = size, rank == 0
+        self.local_size, self.is_rank0 = size, rank == 0
 
 
 def _start_horovod(**context_args):
@@ -208,7 +208,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
             float(loss)  # the trainer reads the loss every step; so does the benchmark
 
     run(warmup, 0)
-    if timeline and ctx.is_chief:
+    if timeline and ctx.is_rank0:
         hvd.start_timeline(timeline)
     windows, cpu = [], []
     horovod_start = _thread_cpu_seconds(horovod_threads)
@@ -224,7 +224,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
               "cpu_ms_per_step": ctx.allgather_object(statistics.median(cpu), name="cpu_ms")}
     if distributed:
         result["horovod_cpu_ms_per_step"] = ctx.allgather_object(horovod_cpu, name="horovod_cpu_ms")
-    if timeline and ctx.is_chief:
+    if timeline and ctx.is_rank0:
         hvd.stop_timeline()
         result["collectives_ms"] = timeline_collective_ms(timeline, steps * repeats)
     tokens = plan.global_batch * config["num_steps"]
@@ -338,12 +338,12 @@ def worker(argv):
         result = measure_collectives(**task)
     else:
         result = measure_training(**task)
-    if not under_mpirun or _is_chief():
+    if not under_mpirun or _is_rank0():
         print(RESULT_TAG + json.dumps(result), flush=True)
     return 0
 
 
-def _is_chief():
+def _is_rank0():
     import horovod.tensorflow as hvd
     return hvd.rank() == 0
 

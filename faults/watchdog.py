@@ -108,6 +108,13 @@ def _process_name(pid):
         return ""
 
 
+def _stat(pid):
+    """The fields of /proc/PID/stat after the process name: [state, ppid, ...]; [1] is
+    the parent, [19] the start time. Raises OSError once the process is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _ssh_children(pid):
     """[(pid, start time)] of the ssh clients whose parent is `pid`."""
     found = []
@@ -115,8 +122,7 @@ def _ssh_children(pid):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = _stat(name)
             if int(fields[1]) == pid and _process_name(int(name)) == "ssh":
                 found.append((int(name), fields[19]))
         except (OSError, IndexError, ValueError):
@@ -125,8 +131,7 @@ def _ssh_children(pid):
 
 
 def _parent(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return int(_stat(pid)[1])
 
 
 def _ancestors(pid):
@@ -177,8 +182,7 @@ def _addresses_of(host):
 
 
 def _start_time(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[19]
+    return _stat(pid)[19]
 
 
 def local_addresses():

@@ -120,7 +120,7 @@ class TrainCheckpoint:
                                       f"complete one ({previous}) is intact: free some space and resume from it "
                                       "with --resume") from None
 
-        return self.ctx.run_on_chief(write, waiting=waiting, shared_errors=(CheckpointError,))
+        return self.ctx.run_on_rank0(write, waiting=waiting, shared_errors=(CheckpointError,))
 
     def _write(self, position, best):
         latest_manager, best_manager = self.managers()
@@ -191,6 +191,6 @@ class TrainCheckpoint:
         Raises CheckpointError on rank 0 alone. No collective: the run shares
         rank 0's start, and an elastic worker that joins later runs this too.
         """
-        if not resume or not self.ctx.is_chief:
+        if not resume or not self.ctx.is_rank0:
             return Position(global_batch)
         return self._restore(resume, global_batch)

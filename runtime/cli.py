@@ -58,8 +58,8 @@ def build_parser(distributed):
         group.add_argument("-m", "--mpi-log", dest="mpi_log", choices=logs.MODES, default="master",
                            help="master: rank 0 logs; workers: every rank logs (own file with -l); "
                                 "collect: every rank's lines go to rank 0's output")
-        group.add_argument("--eval_mode", choices=("chief", "distributed"), default=defaults.eval_mode,
-                           help="chief: rank 0 evaluates while the others wait; "
+        group.add_argument("--eval_mode", choices=("rank0", "distributed"), default=defaults.eval_mode,
+                           help="rank0: rank 0 evaluates while the others wait; "
                                 "distributed: each rank scores a slice and the sums are allreduced")
         group.add_argument("--fp16_allreduce", action="store_true",
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")

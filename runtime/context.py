@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from runtime.errors import ChiefFailed
+from runtime.errors import Rank0Failed
 
 
 class LocalContext:
@@ -22,7 +22,7 @@ class LocalContext:
     size = 1
     local_rank = 0
     local_size = 1
-    is_chief = True
+    is_rank0 = True
     sparse_as_dense = False
 
     def wrap_tape(self, tape):
@@ -56,7 +56,7 @@ class LocalContext:
         """
         return (0, failure) if failure is not None else None
 
-    def run_on_chief(self, compute, waiting=None, shared_errors=()):
+    def run_on_rank0(self, compute, waiting=None, shared_errors=()):
         """Runs compute() on rank 0 alone and returns its (picklable) result on every
         rank; the others call `waiting()` now and then meanwhile. An exception of
         `shared_errors` that compute() raises is raised on every rank."""
@@ -83,7 +83,7 @@ class HorovodContext(LocalContext):
         # Under horovodrun's elastic mode the world re-forms when hosts come
         # and go (faults/elastic.py): rank and size change with it.
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
-        # How often rank 0 tells the others it still works alone (run_on_chief).
+        # How often rank 0 tells the others it still works alone (run_on_rank0).
         self.rendezvous_s = 5.0
 
     def renumber(self):
@@ -91,7 +91,7 @@ class HorovodContext(LocalContext):
         hvd = self.hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        self.is_chief = self.rank == 0
+        self.is_rank0 = self.rank == 0
 
     def wrap_tape(self, tape):
         # Horovod: 3. Average the gradients over all ranks before they are
@@ -121,7 +121,7 @@ class HorovodContext(LocalContext):
         failures = self.allgather_object(failure, name="first_failure")
         return next(((rank, f) for rank, f in enumerate(failures) if f is not None), None)
 
-    def run_on_chief(self, compute, waiting=None, shared_errors=()):
+    def run_on_rank0(self, compute, waiting=None, shared_errors=()):
         # While rank 0 works alone, a thread on it sends a tiny "still working"
         # broadcast every rendezvous_s and the other ranks wait in those, so no
         # collective sits unanswered long enough to stall-warn, however long
@@ -130,20 +130,20 @@ class HorovodContext(LocalContext):
         # (the error follows).
         def send(status):
             message = tf.constant(status, dtype=tf.float64)
-            return float(self.hvd.broadcast(message, root_rank=0, name="chief_rendezvous"))
+            return float(self.hvd.broadcast(message, root_rank=0, name="rank0_rendezvous"))
 
-        if not self.is_chief:
+        if not self.is_rank0:
             while True:
                 status = send(0.0)
                 if waiting:
                     waiting()
                 if status == 1.0:
-                    return self.broadcast_object(None, name="chief_result")
+                    return self.broadcast_object(None, name="rank0_result")
                 if status == 2.0:
-                    shared = self.broadcast_object(None, name="chief_error")
+                    shared = self.broadcast_object(None, name="rank0_error")
                     if shared is not None:
                         raise shared
-                    raise ChiefFailed("stopping because rank 0 failed while working alone; its error is above")
+                    raise Rank0Failed("stopping because rank 0 failed while working alone; its error is above")
         done = threading.Event()
 
         def heartbeat():
@@ -158,12 +158,12 @@ class HorovodContext(LocalContext):
             done.set()
             thread.join()
             send(2.0)
-            self.broadcast_object(err if isinstance(err, shared_errors) else None, name="chief_error")
+            self.broadcast_object(err if isinstance(err, shared_errors) else None, name="rank0_error")
             raise
         done.set()
         thread.join()
         send(1.0)
-        return self.broadcast_object(result, name="chief_result")
+        return self.broadcast_object(result, name="rank0_result")
 
     def peer_failed(self, err):
         # Horovod's words when one rank's failure (or Gloo's timeout) shut it down under this one.

@@ -34,8 +34,8 @@ class TrainingInterrupted(RuntimeError):
         self.signum = signum
 
 
-class ChiefFailed(RuntimeError):
-    """Rank 0 failed while working alone (run_on_chief); its own error is in
+class Rank0Failed(RuntimeError):
+    """Rank 0 failed while working alone (run_on_rank0); its own error is in
     its log, and the other ranks only follow it out."""
 
 

@@ -15,7 +15,7 @@ from faults.watchdog import HANG_EXIT
 from runtime import config as config_lib
 from runtime import context, logs, trainer
 from runtime.cli import error_line
-from runtime.errors import (ERROR_EXIT, CheckpointError, ChiefFailed, ConfigError, PTBDataError, TrainingError,
+from runtime.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import check_plan
@@ -71,7 +71,7 @@ def _prepare(args, ctx):
                          "use -m master or -m workers")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
     check_plan(config, data, ctx.size, args.eval_mode)
-    if ctx.is_chief:
+    if ctx.is_rank0:
         check_output_dir(args.output_dir, config, data.vocab_size, args.keep_checkpoints)
     return config, data, options
 
@@ -99,7 +99,7 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
         agreed = ctx.first_failure(failure)
         if agreed is not None:
             rank, (code, message) = agreed
-            if ctx.is_chief or rank == ctx.rank:
+            if ctx.is_rank0 or rank == ctx.rank:
                 origin = f" (rank {rank})" if ctx.distributed and rank != 0 else ""
                 error_line(f"error{origin}: {message}")
             return code
@@ -112,17 +112,17 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
                 run_attempts=faults.run_elastic if faults and ctx.elastic else None)
         except TrainingInterrupted as err:
             # Every rank saw the same stop flag: they leave together.
-            error_line(f"{'error: ' if ctx.is_chief else ''}{err}")
+            error_line(f"{'error: ' if ctx.is_rank0 else ''}{err}")
             return 128 + int(err.signum)
         except (TrainingError, CheckpointError, ConfigError, PTBDataError, OSError) as err:
             # Raised alike on every rank (a NaN in the allreduced loss, rank 0's
             # outcome of a save or a resume, shared), so the ranks still leave
             # together and rank 0 alone says why; an OSError (a full disk) is the
             # rank's own, and the others follow it out.
-            if ctx.is_chief or isinstance(err, OSError):
+            if ctx.is_rank0 or isinstance(err, OSError):
                 error_line(f"error: {err}")
             return exit_code(err)
-        if ctx.is_chief:
+        if ctx.is_rank0:
             summary = {k: results[k] for k in ("config", "epochs", "train_ppl", "valid_ppl", "test_ppl",
                                                "avg_epoch_time_s", "wps", "world_size", "global_batch_size")}
             print("results: " + json.dumps(summary), flush=True)
@@ -156,7 +156,7 @@ def _follow_out(err, ctx, faults):
     line and leave the traceback to the rank that failed. Gloo's own timeout
     shuts it down too, and then the watchdog knows why.
     """
-    if isinstance(err, ChiefFailed):
+    if isinstance(err, Rank0Failed):
         error_line(f"error (rank {ctx.rank}): {err}")
         return ERROR_EXIT
     if ctx.peer_failed(err):

@@ -123,13 +123,13 @@ class RankLogging:
             self._setup_collect(formatter, prefix, log_path)
         elif elastic and mode != "workers":
             # Rank 0 may change at a reset: every rank can print, while it is rank 0.
-            self._add(logging.StreamHandler(sys.stdout), formatter, prefix, passes=lambda: ctx.is_chief)
-            if log_path and ctx.is_chief:
-                self._add(_file_handler(log_path), formatter, prefix, passes=lambda: ctx.is_chief)
-        elif ctx.is_chief or mode == "workers":
+            self._add(logging.StreamHandler(sys.stdout), formatter, prefix, passes=lambda: ctx.is_rank0)
+            if log_path and ctx.is_rank0:
+                self._add(_file_handler(log_path), formatter, prefix, passes=lambda: ctx.is_rank0)
+        elif ctx.is_rank0 or mode == "workers":
             self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
             if log_path:
-                path = log_path if ctx.is_chief else f"{log_path}.rank{ctx.rank}"
+                path = log_path if ctx.is_rank0 else f"{log_path}.rank{ctx.rank}"
                 self._add(_file_handler(path), formatter, prefix)
         else:
             log.addHandler(logging.NullHandler())
@@ -141,7 +141,7 @@ class RankLogging:
         self.handlers.append(handler)
 
     def _setup_collect(self, formatter, prefix, log_path):
-        if self.ctx.is_chief:
+        if self.ctx.is_rank0:
             self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
             if log_path:
                 self._add(_file_handler(log_path), formatter, prefix)
@@ -150,7 +150,7 @@ class RankLogging:
         else:
             where = None
         where = self.ctx.broadcast_object(where, name="log_collector")
-        if self.ctx.is_chief:
+        if self.ctx.is_rank0:
             return
         for address in where["addresses"]:
             try:

@@ -10,7 +10,7 @@ class RunOptions:
     """How to run, beside the config. These defaults are the command line's too (runtime/cli.py)."""
     output_dir: str = "./output"
     seed: int = 1234
-    eval_mode: str = "chief"          # chief: rank 0 alone; distributed: each rank a slice
+    eval_mode: str = "rank0"          # rank0: rank 0 alone; distributed: each rank a slice
     resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
     max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
     keep_checkpoints: int = 3

@@ -53,7 +53,7 @@ def check_plan(config, data, size, eval_mode):
     if eval_mode == "distributed" and config["batch_size"] % size:
         raise ConfigError(
             f"--eval_mode distributed splits batch_size {config['batch_size']} over {size} ranks: "
-            "it must divide evenly; use --eval_mode chief")
+            "it must divide evenly; use --eval_mode rank0")
     for split, batch in (("train", plan.global_batch), ("valid", config["batch_size"]),
                          ("test", config["batch_size"])):
         try:  # fail now, not at the first evaluation

@@ -100,7 +100,7 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size, progress):
 def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None, progress=lambda: None):
     """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank.
 
-    A `counts` dict gets "tokens": the tokens this rank scored (in chief mode
+    A `counts` dict gets "tokens": the tokens this rank scored (in rank0 mode
     all of them on rank 0, 0 elsewhere). `progress()` runs after every batch,
     and on the ranks that wait for rank 0.
     """
@@ -113,12 +113,12 @@ def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None, progre
         summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
         return math.exp(float(summed[0]) / float(summed[1]))
 
-    def on_chief():
+    def on_rank0():
         nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1, progress)
         counts["tokens"] = tokens
         return math.exp(nll / tokens)
 
-    return ctx.run_on_chief(on_chief, waiting=progress)
+    return ctx.run_on_rank0(on_rank0, waiting=progress)
 
 
 def rows_of(global_state, rank, rows):
@@ -156,10 +156,10 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     else:
         # Horovod: 4. Start every rank from rank 0's weights, optimizer slots
         # and position (those of the checkpoint that rank 0 restored, say).
-        start = ctx.run_on_chief(load_start, waiting=loop.hooks.progress, shared_errors=(CheckpointError,))
+        start = ctx.run_on_rank0(load_start, waiting=loop.hooks.progress, shared_errors=(CheckpointError,))
         ctx.broadcast_variables(variables)
         results = loop.run(start)
-    if ctx.is_chief:
+    if ctx.is_rank0:
         atomic_write(os.path.join(opts.output_dir, "results.json"), (json.dumps(results, indent=2) + "\n").encode())
     return results
 
@@ -195,7 +195,7 @@ class TrainingLoop:
         log.info("global batch %d (%d rows x %d ranks, batch_mode=%s), learning rate scale %g, num_steps %d, "
                  "%d steps per epoch", plan.global_batch, plan.rows_per_rank, ctx.size, config["batch_mode"],
                  plan.lr_scale, config["num_steps"], self.epoch_size(plan.global_batch))
-        if ctx.is_chief:
+        if ctx.is_rank0:
             os.makedirs(self.opts.output_dir, exist_ok=True)
             self._write_metrics(position.metrics)
             if self.board is None:
@@ -235,7 +235,7 @@ class TrainingLoop:
             else self.model.zero_state(plan.rows_per_rank)
         costs = position.costs if start_step else 0.0
         elapsed = position.elapsed if start_step else 0.0
-        bar = logs.StepProgress(enabled=ctx.is_chief)
+        bar = logs.StepProgress(enabled=ctx.is_rank0)
         tick = time.perf_counter()
         log_every = max(1, epoch_size // 10)
         epoch_t = tf.constant(epoch, tf.int64)
@@ -295,7 +295,7 @@ class TrainingLoop:
         metrics = [*position.metrics, record]
         log.info("epoch %d/%d: train perplexity %.3f, valid perplexity %.3f, lr %.6g, %.1f s, %.0f wps",
                  epoch + 1, config["num_epochs"], train_ppl, valid_ppl, lr, seconds, wps)
-        if ctx.is_chief:
+        if ctx.is_rank0:
             self.board.write(record)
             self._write_metrics(metrics)
         best = valid_ppl < position.best_valid

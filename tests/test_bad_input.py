@@ -126,10 +126,10 @@ def test_bad_input_two_ranks(case, bad, synthetic_corpus, tmp_path):
 
 
 def test_a_rank_that_follows_rank_0s_failure_out_says_so_in_one_line(synthetic_corpus, tmp_path, capsys, monkeypatch):
-    """Rank 0 failed inside run_on_chief (its traceback is its own): the others leave
+    """Rank 0 failed inside run_on_rank0 (its traceback is its own): the others leave
     with one line and no traceback."""
     class RankOne(context.LocalContext):
-        distributed, rank, is_chief = True, 1, False
+        distributed, rank, is_rank0 = True, 1, False
 
     class Waiting:
         """rank 0's side of the rendezvous: it reports the failure (status 2)."""
@@ -138,7 +138,7 @@ def test_a_rank_that_follows_rank_0s_failure_out_says_so_in_one_line(synthetic_c
             return 2.0
 
     def train(config, data, ctx, options, callbacks, run_attempts=None):
-        return context.HorovodContext.run_on_chief(ctx, lambda: None)
+        return context.HorovodContext.run_on_rank0(ctx, lambda: None)
 
     follower = RankOne()
     follower.hvd = Waiting()

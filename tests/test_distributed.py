@@ -117,7 +117,7 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
     assert len(multi["weights_digest_per_rank"]) == 2
     assert multi["weights_digest_per_rank"][0] == multi["weights_digest_per_rank"][1]
     # The defaults: rank 0 scores every validation token alone, gradients stay sparse.
-    assert multi["eval_mode"] == "chief" and multi["sparse_as_dense"] is False
+    assert multi["eval_mode"] == "rank0" and multi["sparse_as_dense"] is False
     # The embedding's sparse gradient is allgathered (values and indices), the other 8 allreduced.
     assert _tape_collectives(tmp_path / "timeline.json") == {"allreduce": 8, "allgather": 2}
     assert multi["eval_tokens_per_rank"] == [_valid_tokens(data), 0]

@@ -110,9 +110,7 @@ def test_shards_are_disjoint_and_stack_to_the_single_process_batch(size):
 def test_batch_not_divisible_by_world_size():
     with pytest.raises(PTBDataError) as e:
         ptb_reader.ptb_iterator(range(1000), 20, 5, rank=0, size=3)
-    assert str(e.value) == (
-        "batch_size 20 is not divisible by 3 ranks: use a batch_size that is "
-        "a multiple of the world size, or batch_mode=per_worker")
+    assert str(e.value) == "20 rows do not split into 3 equal blocks, one per rank"
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
