@@ -25,6 +25,8 @@ class FaultLayer(StepCallback):
 
     It goes first among the callbacks: the others' phase events (a test's
     fault point, say) then come after the watchdog has announced the phase.
+    A training step it announces last, from before_step_collectives, after
+    every callback's before_step.
     """
 
     def __init__(self, ctx, hang_timeout, commit_every):
@@ -76,9 +78,9 @@ class FaultLayer(StepCallback):
             log.info("elastic: %d ranks from epoch %d step %d; a commit every %d steps",
                      size, epoch + 1, step, self.commit_every)
 
-    def before_step(self, epoch, step):
-        # Just before the step's collectives: a rank stuck in anything before
-        # them falls behind the others it keeps waiting.
+    def before_step_collectives(self, epoch, step):
+        # Last before the step's collectives: a rank stuck in anything before
+        # them (its other callbacks included) falls behind the others it keeps waiting.
         self._enter("training step", f"epoch {epoch + 1}, step {step + 1}", slow=self.first_step)
         self.first_step = False
 

@@ -44,6 +44,11 @@ class StepCallback:
 
     # --- phase events: what the fault layer (faults/layer.py) follows -------
 
+    def before_step_collectives(self, epoch, step):
+        """Every callback's before_step has run: the step's collectives come next.
+        A rank that hangs before this point (in a read, or in a callback) falls
+        behind the others, which wait for it in those collectives."""
+
     def before_checkpoint(self, epoch, step):
         """A checkpoint of the position after `step` steps of `epoch` starts (step 0:
         the end of epoch `epoch`, counted from 1). Rank 0 writes; the others wait."""

@@ -251,6 +251,7 @@ class TrainingLoop:
             if step < start_step:
                 continue
             self.hooks.before_step(epoch, step)
+            self.hooks.before_step_collectives(epoch, step)
             loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
                                            tf.constant(1.0 if signals.received else 0.0))
             loss = float(loss)

@@ -344,10 +344,11 @@ def test_per_worker_batches_follow_the_world_size_and_the_log_says_so(cluster, s
     os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
-    assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker)" in outcome.stdout
-    assert "elastic: 2 ranks from epoch 1 step 0, learning rate scale 2;" in outcome.stdout
+    assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker), learning rate scale 2," in outcome.stdout
+    assert "elastic: 2 ranks from epoch 1 step 0; a commit every 10 steps" in outcome.stdout
     step = worlds(outcome.stdout)[1][2]
     assert (f"batch_mode=per_worker: the global batch is now 20 (1 ranks); epoch 1 goes on at step {step} of "
             f"{STEPS} from a zero LSTM state") in outcome.stdout
-    assert f"elastic: 1 ranks from epoch 1 step {step}, learning rate scale 1;" in outcome.stdout
+    assert f"elastic: 1 ranks from epoch 1 step {step}; a commit every 10 steps" in outcome.stdout
+    assert "global batch 20 (20 rows x 1 ranks, batch_mode=per_worker), learning rate scale 1," in outcome.stdout
     assert json.loads((out / "results.json").read_text())["learning_rate_scale"] == 1
