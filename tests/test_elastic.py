@@ -227,7 +227,9 @@ def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, syn
 def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp_path):
     """4 -> 3 -> 4: the rank on host3 dies, three ranks go on from the last commit, and
     host3, out of its blacklist cooldown, joins again. batch_size 12 divides by 4 and 3,
-    so the global batch, and with it the data each step reads, stays the same."""
+    so the global batch, and with it the data each step reads, stays the same. With three
+    survivors one may read a message of the collective after the other's: unpatched Gloo
+    aborted that worker too (exit 134) and the world went 4 -> 2 (horovod patch 09)."""
     hosts = make_cluster(4)
     out = tmp_path / "elastic"
     launch = start_elastic(hosts, synthetic_corpus[0], out, 2, "--blacklist-cooldown-range", "2", "3",
@@ -236,9 +238,11 @@ def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp
     os.kill(rank_pid(hosts, "host3"), signal.SIGKILL)
     wait_for(launch, WORLD.pattern, count=3, seconds=240)
     outcome = finish(hosts, launch, 300)
+    (tmp_path / "launch.log").write_text(outcome.stdout + outcome.stderr)  # kept by pytest, for a failure's story
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     attempts = worlds(outcome.stdout)
-    why = [line for line in (outcome.stdout + outcome.stderr).splitlines() if "elastic:" in line or "error" in line]
+    why = "\n".join(line for line in (outcome.stdout + outcome.stderr).splitlines()
+                     if any(word in line for word in ("elastic:", "error", "Error", "leaves", "exited")))
     assert [size for size, _, _ in attempts] == [4, 3, 4], why
     shrunk, grown = global_step(*attempts[1][1:]), global_step(*attempts[2][1:])
     assert 0 < shrunk < grown < 2 * STEPS, attempts
