@@ -20,6 +20,7 @@ hosts into groups that reach only each other, `vanish` cuts a host and
 SIGKILLs every process in it, `cap` puts a tbf rate limit on every host's
 egress. `close` kills every process in the namespaces and removes them.
 """
+import contextlib
 import os
 import shutil
 import subprocess
@@ -99,6 +100,11 @@ def remove_stale():
             _kill_namespace(name)
             _ip("netns", "delete", name, check=False)
             shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+    # Records of dead owners whose namespaces are already gone.
+    for token in os.listdir(OWNERS) if os.path.isdir(OWNERS) else ():
+        if not _owner_alive(token):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(OWNERS, token))
 
 
 def _namespace_pids(name):
@@ -268,7 +274,5 @@ class Cluster:
             _kill_namespace(ns)
             _ip("netns", "delete", ns, check=False)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(OWNERS, self.token))
-        except FileNotFoundError:
-            pass
