@@ -42,17 +42,13 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops):
     return dict(rows)
 
 
-def native_bf16_flags(cpuinfo="/proc/cpuinfo"):
+def native_bf16_flags(cpuinfo=kernels.CPUINFO):
     """The CPU flags of hardware bf16 dot products (AVX512_BF16, AMX) this machine has."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
+    flags = kernels.cpu_flags(cpuinfo)
     return [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
 
 
-def _precision(precision, cpuinfo="/proc/cpuinfo"):
+def _precision(precision, cpuinfo=kernels.CPUINFO):
     # float32 stays the default everywhere, so that one command trains the
     # same model on every machine; where bf16 is native, say what it buys.
     native = native_bf16_flags(cpuinfo)
@@ -64,17 +60,19 @@ def _precision(precision, cpuinfo="/proc/cpuinfo"):
     return precision
 
 
-# Which ops run and why: an OpChoice (texar_lite/op_selection.py), with the library of a fused kernel.
+# Which ops run and why: an OpChoice (texar_lite/op_selection.py), with the
+# library of a fused kernel and the CPU flags setup built it for.
 def _lstm_cell(ops):
-    if ops.fused_cell:
-        return f"{ops.cell} ({ops.cell_reason}: {os.path.relpath(kernels.library_path('lstm_cell'))})"
-    return ops.cell_line
+    return f"{ops.cell} ({ops.cell_reason}: {_library('lstm_cell')})" if ops.fused_cell else ops.cell_line
 
 
 def _softmax_loss(ops):
-    if ops.fused_loss:
-        return f"{ops.loss} ({ops.loss_reason}: {os.path.relpath(kernels.library_path('softmax_xent'))})"
-    return ops.loss_line
+    return f"{ops.loss} ({ops.loss_reason}: {_library('softmax_xent')})" if ops.fused_loss else ops.loss_line
+
+
+def _library(name):
+    flags = kernels.built_for(name)
+    return os.path.relpath(kernels.library_path(name)) + (f" for {' '.join(flags)}" if flags else "")
 
 
 def _visible_gpus():

@@ -139,35 +139,46 @@ else
     touch "$stamp_hvd"
 fi
 
-# 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell and
-#    the one-pass softmax loss), compiled against this venv's TensorFlow. The
-#    stamp names the sources and the pins, so editing any of them rebuilds.
-#    Without an op the model runs TF ops in its place (same numbers, slower)
-#    and the training summary says so. GPU=1 builds them too: they are CPU
-#    kernels, never picked for a GPU (texar_lite/op_selection.py), but the
-#    same venv trains on a host without a GPU, where they are the fast path.
+# 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell
+#    and the one-pass softmax loss), compiled against this venv's TensorFlow
+#    for the widest instruction set this CPU has (scripts/kernel_isa.sh).
+#    Each library's flags go into a .isa file beside it, and texar_lite/kernels
+#    refuses to load a library whose flags the CPU it runs on lacks (a copied
+#    tree, a shared home on another machine), so it never meets an illegal
+#    instruction. The stamp names the sources, the pins and the flags, so
+#    editing a source or running on another CPU rebuilds. Without an op the
+#    model runs TF ops in its place (same numbers, slower) and the training
+#    summary says why. GPU=1 builds them too: they are CPU kernels, never
+#    picked for a GPU (texar_lite/op_selection.py), but the same venv trains
+#    on a host without a GPU, where they are the fast path.
 kernels=texar_lite/kernels
-kernel_hash=$(cat "$kernels"/*.cc requirements.txt | sha256sum | cut -c1-16)
+read -r -a isa <<<"$(scripts/kernel_isa.sh)"
+isa_name=${isa[*]:-the baseline instruction set}
+kernel_hash=$( { cat "$kernels"/*.cc requirements.txt; echo "${isa[*]}"; } | sha256sum | cut -c1-16)
 # Built against the other TensorFlow package, so a switch rebuilds them.
 if [ "$GPU" = 1 ]; then kernel_hash=$(printf '%s GPU=1' "$kernel_hash" | sha256sum | cut -c1-16); fi
 built=1
-for source in "$kernels"/*.cc; do [ -f "${source%.cc}.so" ] || built=0; done
+for source in "$kernels"/*.cc; do
+    [ -f "${source%.cc}.so" ] && [ "$(cat "${source%.cc}.isa" 2>/dev/null)" = "${isa[*]}" ] || built=0
+done
 if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then
-    # AVX2 and FMA run Eigen's exp, logistic and tanh about 3x faster than plain AVX.
-    arch=()
-    grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && arch=(-mavx2 -mfma)
+    # The widest vectors run Eigen's products, exp, logistic and tanh in the
+    # fewest instructions; FMA fuses the products' multiply-adds.
+    arch=("${isa[@]/#/-m}")
     read -r -a tf_flags <<<"$("$VENV/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null)"
+    say "building the fused ops for $isa_name"
     for source in "$kernels"/*.cc; do
-        say "compiling $source ${arch[*]}"
         # TensorFlow's own headers warn of their deprecated names and of Eigen's
         # cache-line guess by the screenful.
         g++ -std=c++17 -shared -fPIC -O3 -Wno-deprecated-declarations -Wno-interference-size "${arch[@]}" "$source" \
             -o "${source%.cc}.so.tmp" "${tf_flags[@]}"
+        # The record first: a library without one is refused, never run blind.
+        echo "${isa[*]}" >"${source%.cc}.isa"
         mv "${source%.cc}.so.tmp" "${source%.cc}.so"
     done
     rm -f "$kernels"/.built-*
     touch "$kernels/.built-$kernel_hash"
 else
-    say "the fused ops are built ($kernels/*.so)"
+    say "the fused ops are built for $isa_name ($kernels/*.so)"
 fi
 say "done"

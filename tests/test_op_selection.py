@@ -9,6 +9,7 @@ import ast
 import collections
 import os
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -32,17 +33,17 @@ ASKED = "asked for instead of the fused kernel"
 
 
 def test_gpu_gets_the_tf_ops_for_both_even_when_the_kernels_are_built():
-    choice = choose_ops("GPU:0", "float32", cell_built=True, loss_built=True)
+    choice = choose_ops("GPU:0", "float32")
     assert choice == OpChoice("GPU", "float32", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
     assert choice.cell_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert choice.loss_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     # The device comes first: a GPU run is not told to build a kernel it would not use.
-    assert choose_ops("GPU", "mixed_bfloat16", False, False) == OpChoice(
+    assert choose_ops("GPU", "mixed_bfloat16", NOT_BUILT, NOT_BUILT) == OpChoice(
         "GPU", "mixed_bfloat16", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
 
 
 def test_cpu_float32_with_the_kernels_built_gets_both_fused_kernels():
-    choice = choose_ops("CPU", "float32", cell_built=True, loss_built=True)
+    choice = choose_ops("CPU", "float32")
     assert choice == OpChoice("CPU", "float32", "fused kernel", "built, float32 on CPU",
                               "fused kernel", "built, float32 logits on CPU")
     assert (choice.fused_cell, choice.fused_loss) == (True, True)
@@ -51,29 +52,28 @@ def test_cpu_float32_with_the_kernels_built_gets_both_fused_kernels():
 
 def test_bf16_on_cpu_gets_the_tf_ops_cell_and_keeps_the_fused_loss():
     # The logits stay float32 under mixed_bfloat16, so the loss kernel still applies.
-    choice = choose_ops("CPU", "mixed_bfloat16", cell_built=True, loss_built=True)
+    choice = choose_ops("CPU", "mixed_bfloat16")
     assert choice == OpChoice("CPU", "mixed_bfloat16", "TF ops", BF16_REASON,
                               "fused kernel", "built, float32 logits on CPU")
     assert choice.cell_line == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
 
 
 def test_cpu_without_the_kernels_built_gets_the_tf_ops_and_says_run_make_setup():
-    assert choose_ops("CPU", "float32", cell_built=False, loss_built=False) == OpChoice(
+    assert choose_ops("CPU", "float32", NOT_BUILT, NOT_BUILT) == OpChoice(
         "CPU", "float32", "TF ops", NOT_BUILT, "TF ops", NOT_BUILT)
-    assert choose_ops("CPU", "float32", cell_built=True, loss_built=False) == OpChoice(
+    assert choose_ops("CPU", "float32", loss_missing=NOT_BUILT) == OpChoice(
         "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", NOT_BUILT)
 
 
 def test_tf_ops_asked_for_replace_the_fused_kernels_part_by_part():
-    built = dict(cell_built=True, loss_built=True)
-    assert choose_ops("CPU", "float32", **built, tf_ops=("loss",)) == OpChoice(
+    assert choose_ops("CPU", "float32", tf_ops=("loss",)) == OpChoice(
         "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", ASKED)
-    assert choose_ops("CPU", "float32", **built, tf_ops=["cell"]) == OpChoice(
+    assert choose_ops("CPU", "float32", tf_ops=["cell"]) == OpChoice(
         "CPU", "float32", "TF ops", ASKED, "fused kernel", "built, float32 logits on CPU")
-    both = choose_ops("CPU", "float32", **built, tf_ops=("cell", "loss"))
+    both = choose_ops("CPU", "float32", tf_ops=("cell", "loss"))
     assert both.cell_line == both.loss_line == "TF ops (asked for instead of the fused kernel)"
     # The request is the first reason, before the device.
-    assert choose_ops("GPU:0", "float32", **built, tf_ops=("cell",)) == OpChoice(
+    assert choose_ops("GPU:0", "float32", tf_ops=("cell",)) == OpChoice(
         "GPU", "float32", "TF ops", ASKED, "TF ops", GPU_REASON)
 
 
@@ -81,7 +81,7 @@ def test_tf_ops_asked_for_replace_the_fused_kernels_part_by_part():
 def test_an_unknown_tf_ops_part_is_refused(tf_ops):
     with pytest.raises(ValueError, match=re.escape(f"tf_ops {tf_ops!r}: expected a collection of cell, loss, "
                                                    "e.g. ('loss',)")):
-        choose_ops("CPU", "float32", True, True, tf_ops=tf_ops)
+        choose_ops("CPU", "float32", tf_ops=tf_ops)
 
 
 @pytest.mark.parametrize("device, kind", [
@@ -94,14 +94,14 @@ def test_device_names_reduce_to_their_type(device, kind):
 
 def test_an_unknown_device_is_refused():
     with pytest.raises(ValueError, match=r"device 'TPU:0': expected one of CPU, GPU \(e.g. 'GPU:0'\)"):
-        choose_ops("TPU:0", "float32", True, True)
+        choose_ops("TPU:0", "float32")
 
 
 def test_this_checkout_has_both_kernels_built():
     # The machine-level facts the tests below rely on (make setup builds both).
     assert kernels.LSTM_CELL is not None and kernels.SOFTMAX_XENT is not None
-    assert op_selection.ops_for("CPU") == choose_ops("CPU", "float32", True, True)
-    assert op_selection.ops_for("GPU:0") == choose_ops("GPU:0", "float32", True, True)
+    assert op_selection.ops_for("CPU") == choose_ops("CPU", "float32")
+    assert op_selection.ops_for("GPU:0") == choose_ops("GPU:0", "float32")
 
 
 def _tiny_config(*overrides):
@@ -122,8 +122,12 @@ def test_the_training_summary_names_the_models_ops_and_why():
     assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     cpu = rows("CPU")
-    assert cpu["LSTM cell"] == "fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so)"
-    assert cpu["softmax loss"] == "fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so)"
+    # The library and the CPU flags setup built it for (scripts/kernel_isa.sh's choice for this CPU).
+    isa = _kernel_isa()
+    assert isa and kernels.built_for("lstm_cell") == kernels.built_for("softmax_xent") == isa.split()
+    assert cpu["LSTM cell"] == f"fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so for {isa})"
+    assert cpu["softmax loss"] == ("fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so "
+                                   f"for {isa})")
     bf16 = rows("CPU", "precision=mixed_bfloat16")
     assert bf16["LSTM cell"] == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
     assert bf16["precision"].startswith("mixed_bfloat16")
@@ -131,6 +135,7 @@ def test_the_training_summary_names_the_models_ops_and_why():
 
 def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
     monkeypatch.setattr(kernels, "SOFTMAX_XENT", None)
+    monkeypatch.setattr(kernels, "SOFTMAX_XENT_MISSING", NOT_BUILT)
     model = _tiny_model("CPU")
     assert (model.ops.cell, model.ops.loss) == ("fused kernel", "TF ops")
     assert summary._softmax_loss(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
@@ -138,10 +143,76 @@ def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
 
 def test_the_unbuilt_cell_kernel_is_reported_and_runs_the_tf_ops(monkeypatch):
     monkeypatch.setattr(kernels, "LSTM_CELL", None)
+    monkeypatch.setattr(kernels, "LSTM_CELL_MISSING", NOT_BUILT)
     model = _tiny_model("CPU")
     assert (model.ops.cell, model.ops.loss) == ("TF ops", "fused kernel")
     assert model.decoder.cell is decoder.TF_OPS_CELL
     assert summary._lstm_cell(model.ops) == "TF ops (the fused kernel is not built: run make setup)"
+
+
+AVX512 = "avx512f avx512bw avx512dq avx512vl avx2 fma"
+
+
+def _cpuinfo(tmp_path, flags):
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    return str(path)
+
+
+def _kernel_isa(cpuinfo=()):
+    return subprocess.run(["scripts/kernel_isa.sh", *cpuinfo], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("flags, isa", [
+    ("fpu sse2 avx avx2 fma " + AVX512.replace(" avx2 fma", "") + " avx512cd", AVX512),
+    ("fpu avx avx2 fma avx512f avx512cd", "avx2 fma"),  # AVX-512 F alone: no BW, DQ, VL
+    ("fpu avx avx2 fma", "avx2 fma"),
+    ("fpu avx fma", ""),
+])
+def test_setup_builds_for_the_widest_instruction_set_the_cpu_has(tmp_path, flags, isa):
+    assert _kernel_isa([_cpuinfo(tmp_path, flags)]) == isa
+    assert _kernel_isa([str(tmp_path / "missing")]) == ""
+
+
+def test_a_library_built_for_flags_this_cpu_lacks_is_never_opened(tmp_path):
+    # An AVX-512 build met on an AVX2 CPU: refused on its record alone, so the
+    # file (here not even a library) is never opened.
+    (tmp_path / "lstm_cell.so").write_bytes(b"not a library")
+    (tmp_path / "lstm_cell.isa").write_text(AVX512 + "\n")
+    avx2 = _cpuinfo(tmp_path, "fpu avx avx2 fma")
+    assert kernels.load("lstm_cell", str(tmp_path), avx2) == (
+        None, "the fused kernel was built for avx512f, avx512bw, avx512dq, avx512vl, which this CPU lacks: "
+              "run make setup")
+    # The control: on a CPU with those flags the same file is opened, and fails to load as it must.
+    library, reason = kernels.load("lstm_cell", str(tmp_path), _cpuinfo(tmp_path, "fpu " + AVX512))
+    assert library is None and re.fullmatch(r"the fused kernel does not load \(.+\): run make setup", reason), reason
+    (tmp_path / "lstm_cell.isa").unlink()
+    assert kernels.load("lstm_cell", str(tmp_path), avx2) == (None, kernels.NO_RECORD)
+    (tmp_path / "lstm_cell.so").unlink()
+    assert kernels.load("lstm_cell", str(tmp_path), avx2) == (None, kernels.NOT_BUILT)
+
+
+def test_this_checkouts_libraries_load_only_where_the_cpu_has_their_flags(tmp_path):
+    flags = kernels.built_for("lstm_cell")
+    library, reason = kernels.load("lstm_cell", cpuinfo=_cpuinfo(tmp_path, " ".join(["fpu", *flags])))
+    assert library is not None and reason is None
+    library, reason = kernels.load("lstm_cell", cpuinfo=_cpuinfo(tmp_path, "fpu sse2"))
+    assert library is None and reason.startswith(f"the fused kernel was built for {', '.join(flags)}, which"), reason
+
+
+def test_a_refused_library_runs_the_tf_ops_and_the_summary_says_why(monkeypatch):
+    lacks = "the fused kernel was built for avx512f, which this CPU lacks: run make setup"
+    monkeypatch.setattr(kernels, "LSTM_CELL", None)
+    monkeypatch.setattr(kernels, "LSTM_CELL_MISSING", lacks)
+    monkeypatch.setattr(kernels, "SOFTMAX_XENT", None)
+    monkeypatch.setattr(kernels, "SOFTMAX_XENT_MISSING", lacks)
+    model = _tiny_model("CPU")
+    assert model.ops == OpChoice("CPU", "float32", TF_OPS, lacks, TF_OPS, lacks)
+    assert model.decoder.cell is decoder.TF_OPS_CELL
+    assert summary._lstm_cell(model.ops) == summary._softmax_loss(model.ops) == f"TF ops ({lacks})"
+    # The device still comes first: a GPU run is not told to rebuild.
+    assert op_selection.ops_for("GPU:0").cell_reason == GPU_REASON
 
 
 def _traced_op_types(device, tf_ops=()):
@@ -184,7 +255,7 @@ def test_the_steps_traced_without_autograph_are_the_graphs_autograph_makes(monke
 def test_a_model_built_for_gpu_runs_no_custom_op():
     model, types = _traced_op_types("GPU:0")
     assert model.decoder.cell is decoder.TF_OPS_CELL and model.decoder.cell.name == "TF ops"
-    assert model.ops == choose_ops("GPU:0", "float32", True, True)
+    assert model.ops == choose_ops("GPU:0", "float32")
     assert (model.ops.cell, model.ops.loss) == ("TF ops", "TF ops")
     assert types & CUSTOM_OPS == set()
     assert {"MatMul", "Sigmoid", "Tanh", "Softmax", "SparseSoftmaxCrossEntropyWithLogits"} <= types
@@ -275,8 +346,6 @@ def test_the_loss_for_gpu_equals_the_fused_loss():
 
 def test_setup_script_parses_and_make_passes_the_gpu_switch():
     # The GPU=1 variant cannot run on these CPU-only machines: a syntax check and the switch's plumbing.
-    import subprocess
-    from conftest import ROOT
     assert subprocess.run(["bash", "-n", "scripts/setup.sh"], cwd=ROOT, capture_output=True).returncode == 0
     # --no-print-directory: under `make test` the outer make's MAKELEVEL would add "Entering directory".
     dry = subprocess.run(["make", "--no-print-directory", "-n", "setup", "GPU=1"], cwd=ROOT, capture_output=True,

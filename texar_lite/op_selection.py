@@ -28,8 +28,10 @@ runs unchanged.
 The reasons name the first condition that rules the fused kernel out, in
 this order: an explicit request for the TF ops, the device, the precision,
 the build (so that a GPU run is never told to run make setup for a kernel it
-would not use anyway). The request (``tf_ops``) is how the benchmark's lever
-rows and the tests compare the fused kernels with the TF ops.
+would not use anyway). The build's reason is texar_lite/kernels' own: not
+built, or built for CPU flags this CPU lacks. The request (``tf_ops``) is
+how the benchmark's lever rows and the tests compare the fused kernels with
+the TF ops.
 """
 import dataclasses
 import re
@@ -46,7 +48,6 @@ REASON_ASKED = "asked for instead of the fused kernel"
 REASON_FUSED_CELL = "built, float32 on CPU"
 REASON_FUSED_LOSS = "built, float32 logits on CPU"
 REASON_GPU = "the fused kernel is CPU-only and this run is on GPU"
-REASON_NOT_BUILT = "the fused kernel is not built: run make setup"
 
 
 def reason_precision(precision):
@@ -103,13 +104,13 @@ def device_type(device):
     return found[-1]
 
 
-def choose_ops(device, precision, cell_built, loss_built, tf_ops=()):
+def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=()):
     """The LSTM cell and softmax loss for a model on `device` ("CPU", "GPU", "GPU:0", ...).
 
-    precision is the config's ("float32" or "mixed_bfloat16"); cell_built and
-    loss_built say whether setup built texar_lite/kernels/lstm_cell.so and
-    softmax_xent.so. tf_ops names the parts ("cell", "loss") that run as TF
-    ops even where their fused kernel could. Pure: the same arguments give
+    precision is the config's ("float32" or "mixed_bfloat16"); cell_missing
+    and loss_missing say why texar_lite/kernels did not load lstm_cell.so or
+    softmax_xent.so, None where it did. tf_ops names the parts ("cell", "loss") that run as TF ops even
+    where their fused kernel could. Pure: the same arguments give
     the same OpChoice.
     """
     kind = device_type(device)
@@ -122,16 +123,16 @@ def choose_ops(device, precision, cell_built, loss_built, tf_ops=()):
         cell, cell_reason = TF_OPS, REASON_GPU
     elif precision != "float32":
         cell, cell_reason = TF_OPS, reason_precision(precision)
-    elif not cell_built:
-        cell, cell_reason = TF_OPS, REASON_NOT_BUILT
+    elif cell_missing:
+        cell, cell_reason = TF_OPS, cell_missing
     else:
         cell, cell_reason = FUSED, REASON_FUSED_CELL
     if "loss" in asked:
         loss, loss_reason = TF_OPS, REASON_ASKED
     elif kind == "GPU":
         loss, loss_reason = TF_OPS, REASON_GPU
-    elif not loss_built:
-        loss, loss_reason = TF_OPS, REASON_NOT_BUILT
+    elif loss_missing:
+        loss, loss_reason = TF_OPS, loss_missing
     else:
         loss, loss_reason = FUSED, REASON_FUSED_LOSS
     return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason)
@@ -139,5 +140,5 @@ def choose_ops(device, precision, cell_built, loss_built, tf_ops=()):
 
 def ops_for(device="CPU", precision="float32", tf_ops=()):
     """choose_ops with the libraries texar_lite/kernels loaded (read at call time, so a test may unload one)."""
-    return choose_ops(device, precision, cell_built=kernels.LSTM_CELL is not None,
-                      loss_built=kernels.SOFTMAX_XENT is not None, tf_ops=tf_ops)
+    return choose_ops(device, precision, cell_missing=kernels.LSTM_CELL_MISSING,
+                      loss_missing=kernels.SOFTMAX_XENT_MISSING, tf_ops=tf_ops)

@@ -1,31 +1,69 @@
 """The suite's own TensorFlow ops, compiled by scripts/setup.sh next to their C++ sources.
 
 Each library is loaded here, once, when the package is imported:
-texar_lite/op_selection.py reads whether it is built, and the decoder and the
-loss run it when a model's OpChoice picks it. Each is optional: without its
-library the callers run the same arithmetic as TensorFlow ops, slower, and the
-training summary says which ran.
+texar_lite/op_selection.py reads whether it loaded and why not, and the
+decoder and the loss run it when a model's OpChoice picks it. Each is
+optional: without its library the callers run the same arithmetic as
+TensorFlow ops, slower, and the training summary says which ran and why.
+
+setup builds each library for the widest instruction set its CPU has and
+records the CPU flags it used in `name`.isa beside it. A library whose flags
+this CPU lacks is not loaded at all: its first vector instruction would kill
+the process, and a tree may be copied, or a home directory shared, between
+machines of different generations.
 """
 import os
 
 import tensorflow as tf
 
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+CPUINFO = "/proc/cpuinfo"
+NOT_BUILT = "the fused kernel is not built: run make setup"
+NO_RECORD = "the fused kernel has no record of the instruction set it was built for: run make setup"
 
 
-def library_path(name):
-    return os.path.join(DIRECTORY, name + ".so")
+def library_path(name, directory=DIRECTORY):
+    return os.path.join(directory, name + ".so")
 
 
-def load(name):
-    """The op library built from `name`.cc, or None when setup has not built it."""
+def built_for(name, directory=DIRECTORY):
+    """The CPU flags setup built `name`.so for, from its `name`.isa record; None without one."""
     try:
-        return tf.load_op_library(library_path(name))
-    except (tf.errors.NotFoundError, OSError):
+        with open(os.path.join(directory, name + ".isa")) as f:
+            return f.read().split()
+    except OSError:
         return None
 
 
+def cpu_flags(cpuinfo=CPUINFO):
+    """The flags cpuinfo lists for this CPU (as on its first processor's "flags" line); none if unreadable."""
+    try:
+        with open(cpuinfo) as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+def load(name, directory=DIRECTORY, cpuinfo=CPUINFO):
+    """(the op library built from `name`.cc, None), or (None, why it cannot run on this CPU)."""
+    path = library_path(name, directory)
+    if not os.path.exists(path):
+        return None, NOT_BUILT
+    flags = built_for(name, directory)
+    if flags is None:
+        return None, NO_RECORD
+    have = set(cpu_flags(cpuinfo))
+    lacking = [flag for flag in flags if flag not in have]
+    if lacking:
+        return None, f"the fused kernel was built for {', '.join(lacking)}, which this CPU lacks: run make setup"
+    try:
+        return tf.load_op_library(path), None
+    except (tf.errors.NotFoundError, OSError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, f"the fused kernel does not load ({first_line}): run make setup"
+
+
 # lstm_cell.cc: one LSTM time step, recurrent product included, each way.
-LSTM_CELL = load("lstm_cell")
+LSTM_CELL, LSTM_CELL_MISSING = load("lstm_cell")
 # softmax_xent.cc: the softmax cross entropy and its gradient in one sweep over the logits.
-SOFTMAX_XENT = load("softmax_xent")
+SOFTMAX_XENT, SOFTMAX_XENT_MISSING = load("softmax_xent")
