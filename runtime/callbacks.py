@@ -78,9 +78,13 @@ class CallbackList:
         self.callbacks = list(callbacks)
 
     def __getattr__(self, event):
+        # Made once per event, on its first call: the loop calls several every step.
+        methods = [getattr(callback, event) for callback in self.callbacks]
+
         def call(*args):
-            for callback in self.callbacks:
-                getattr(callback, event)(*args)
+            for method in methods:
+                method(*args)
+        setattr(self, event, call)
         return call
 
     def snapshot_due(self, epoch, step):
