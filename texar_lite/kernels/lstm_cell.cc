@@ -14,9 +14,9 @@
 // Layout: every [B, 4H] row holds the gates i | j | f | o (TF's
 // BasicLSTMCell order), H values each. The nonlinearities are Eigen's
 // vectorised logistic and tanh, the functions tf.sigmoid and tf.tanh use;
-// setup builds this file with FMA where the CPU has it, so results differ
-// from the TF ops (built for plain AVX) by an ulp or two. Built with the same
-// flags as TF (-mavx -ffp-contract=off) it matches them bit for bit.
+// setup builds this file for the widest instruction set the CPU has, FMA
+// included, so they differ from the TF ops (built for plain AVX) by an ulp
+// or two, and the products from oneDNN's by their order of summation.
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -36,9 +36,6 @@ using tensorflow::shape_inference::ShapeHandle;
 
 using Row = Eigen::Map<Eigen::ArrayXf>;
 using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
-using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatrixMap = Eigen::Map<RowMajor>;
-using ConstMatrixMap = Eigen::Map<const RowMajor>;
 
 // OK when `t` is a [batch, width] matrix.
 tensorflow::Status CheckMatrix(const Tensor& t, const char* name, int64_t batch, int64_t width) {
@@ -113,26 +110,145 @@ tensorflow::Status CheckInputs(OpKernelContext* ctx, int state_index, std::initi
 
 const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat<float>().data(); }
 
-// The recurrent product runs here, in Eigen's GEMM, its output columns split
-// over TF's intra-op threads: one op per time step each way instead of a
-// MatMul op and a cell op, which saves an op's scheduling per step. On one
-// thread the product would be slower than oneDNN's, hence the split.
-ConstMatrixMap Matrix(OpKernelContext* ctx, int index) {
-  const Tensor& t = ctx->input(index);
-  return ConstMatrixMap(t.flat<float>().data(), t.dim_size(0), t.dim_size(1));
+// The recurrent products run here, their output columns split over TF's
+// intra-op threads: one op per time step each way instead of a MatMul op and
+// a cell op, which saves an op's scheduling per step. On one thread the
+// product would be slower than oneDNN's, hence the split.
+//
+// They are small ([B, H] x [H, 4H] with B the rows of one rank), and a GEMM
+// library copies ("packs") both operands into its own layout on every call,
+// which at this size costs about as much memory traffic as the product
+// itself. The tiles below read the row-major operands where they lie: each
+// keeps a block of the output in registers and walks the shared dimension
+// once. Every output element is summed over k in one fixed order whatever
+// the batch, so a rank's rows come out exactly as in a one-process run.
+using Packet = Eigen::internal::packet_traits<float>::type;
+constexpr int64_t kPacket = Eigen::internal::packet_traits<float>::size;
+constexpr int kTileRows = 4;
+constexpr int kTileColumns = 3;  // packets forward, rows of W_h backward
+
+// out[r, p packets] = sum over k of a[r, k] w[k, p packets], for r < R.
+template <int R, int P>
+void ProductTile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
+                 int64_t ldo) {
+  using namespace Eigen::internal;
+  Packet acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = pset1<Packet>(0.0f);
+  for (int64_t k = 0; k < depth; ++k) {
+    Packet wk[P];
+    for (int p = 0; p < P; ++p) wk[p] = ploadu<Packet>(w + k * ldw + p * kPacket);
+    for (int r = 0; r < R; ++r) {
+      const Packet ak = pset1<Packet>(a[r * lda + k]);
+      for (int p = 0; p < P; ++p) acc[r][p] = pmadd(ak, wk[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) pstoreu(out + r * ldo + p * kPacket, acc[r][p]);
 }
 
-MatrixMap Matrix(Tensor* t) { return MatrixMap(t->flat<float>().data(), t->dim_size(0), t->dim_size(1)); }
+// out[r, q] = sum over j of a[r, j] w[q, j], for r < R and q < Q: rows of a
+// against rows of w, so a product with w^T needs no transposed copy.
+template <int R, int Q>
+void DotTile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out, int64_t ldo) {
+  using namespace Eigen::internal;
+  Packet acc[R][Q];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < Q; ++q) acc[r][q] = pset1<Packet>(0.0f);
+  int64_t j = 0;
+  for (; j + kPacket <= depth; j += kPacket) {
+    Packet wj[Q];
+    for (int q = 0; q < Q; ++q) wj[q] = ploadu<Packet>(w + q * ldw + j);
+    for (int r = 0; r < R; ++r) {
+      const Packet aj = ploadu<Packet>(a + r * lda + j);
+      for (int q = 0; q < Q; ++q) acc[r][q] = pmadd(aj, wj[q], acc[r][q]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int q = 0; q < Q; ++q) {
+      float sum = predux(acc[r][q]);
+      for (int64_t tail = j; tail < depth; ++tail) sum += a[r * lda + tail] * w[q * ldw + tail];
+      out[r * ldo + q] = sum;
+    }
+  }
+}
 
-// Calls fn(first, count) over the columns [0, columns) in blocks of 8 (one
-// AVX register), the blocks spread over TF's intra-op threads.
+// Runs Tile<R, C> over column groups of C (packets or w rows) up to `groups`,
+// then the remainder as Tile<R, 1>; `step` is how far one group moves in w and out.
+template <int R, template <int, int> class Tile>
+struct Columns {
+  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step, int64_t depth,
+                  float* out, int64_t ldo, int64_t out_step, int64_t groups) {
+    int64_t g = 0;
+    for (; g + kTileColumns <= groups; g += kTileColumns) {
+      Tile<R, kTileColumns>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
+    }
+    for (; g < groups; ++g) Tile<R, 1>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
+  }
+};
+
+template <int R, int C>
+struct Product {
+  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
+                  int64_t ldo) {
+    ProductTile<R, C>(a, lda, w, ldw, depth, out, ldo);
+  }
+};
+
+template <int R, int C>
+struct Dot {
+  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
+                  int64_t ldo) {
+    DotTile<R, C>(a, lda, w, ldw, depth, out, ldo);
+  }
+};
+
+// Rows in blocks of kTileRows, the last block shorter.
+template <template <int, int> class Tile>
+void OverRows(int64_t rows, const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step,
+              int64_t depth, float* out, int64_t ldo, int64_t out_step, int64_t groups) {
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows) {
+    Columns<kTileRows, Tile>::Run(a + r * lda, lda, w, ldw, w_step, depth, out + r * ldo, ldo, out_step, groups);
+  }
+  const float* a_rest = a + r * lda;
+  float* out_rest = out + r * ldo;
+  switch (rows - r) {
+    case 3: Columns<3, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
+    case 2: Columns<2, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
+    case 1: Columns<1, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
+    default: break;
+  }
+}
+
+// out[:, first : first + count] = a [rows, depth] x w[:, first : first + count] (w [depth, ldw]).
+void MultiplyColumns(const float* a, int64_t rows, int64_t depth, const float* w, int64_t ldw, float* out,
+                     int64_t ldo, int64_t first, int64_t count) {
+  const int64_t packets = count / kPacket;
+  OverRows<Product>(rows, a, depth, w + first, ldw, kPacket, depth, out + first, ldo, kPacket, packets);
+  for (int64_t c = first + packets * kPacket; c < first + count; ++c) {  // columns past the last packet
+    for (int64_t r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < depth; ++k) sum += a[r * depth + k] * w[k * ldw + c];
+      out[r * ldo + c] = sum;
+    }
+  }
+}
+
+// out[:, first : first + count] = a [rows, depth] x w[first : first + count, :]^T (w [*, depth]).
+void MultiplyTransposedRows(const float* a, int64_t rows, int64_t depth, const float* w, float* out, int64_t ldo,
+                            int64_t first, int64_t count) {
+  OverRows<Dot>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo, 1, count);
+}
+
+// Calls fn(first, count) over [0, size) in blocks of a packet, the blocks
+// spread over TF's intra-op threads.
 template <typename Fn>
-void ForColumnBlocks(OpKernelContext* ctx, int64_t columns, int64_t cost_per_column, Fn fn) {
-  constexpr int64_t kBlock = 8;
+void ForBlocks(OpKernelContext* ctx, int64_t size, int64_t cost_per_item, Fn fn) {
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(workers->num_threads, workers->workers, (columns + kBlock - 1) / kBlock,
-                    kBlock * cost_per_column, [&](int64_t begin, int64_t end) {
-                      fn(begin * kBlock, std::min(end * kBlock, columns) - begin * kBlock);
+  tensorflow::Shard(workers->num_threads, workers->workers, (size + kPacket - 1) / kPacket,
+                    kPacket * cost_per_item, [&](int64_t begin, int64_t end) {
+                      fn(begin * kPacket, std::min(end * kPacket, size) - begin * kPacket);
                     });
 }
 
@@ -151,10 +267,9 @@ class LstmStepForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, 4 * n}), &acts_t));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({batch, n}), &tanh_c_t));
     // h_prev W_h goes into the activations buffer, which the gates then overwrite.
-    MatrixMap product = Matrix(acts_t);
-    ConstMatrixMap h_prev = Matrix(ctx, 1), kernel = Matrix(ctx, 3);
-    ForColumnBlocks(ctx, 4 * n, 2 * batch * n, [&](int64_t first, int64_t count) {
-      product.middleCols(first, count).noalias() = h_prev * kernel.middleCols(first, count);
+    float* product = acts_t->flat<float>().data();
+    ForBlocks(ctx, 4 * n, 2 * batch * n, [&](int64_t first, int64_t count) {
+      MultiplyColumns(In(ctx, 1), batch, n, In(ctx, 3), 4 * n, product, 4 * n, first, count);
     });
     for (int64_t b = 0; b < batch; ++b) {
       const float* gx = In(ctx, 0) + b * 4 * n;
@@ -203,10 +318,10 @@ class LstmStepBackwardOp : public OpKernel {
       Row(g + 3 * n, n) = (dh * tanh_c) * (o * (1.0f - o));
       Row(d_c_prev_t->flat<float>().data() + b * n, n) = dc * f;
     }
-    MatrixMap d_h_prev = Matrix(d_h_prev_t), d_gates = Matrix(d_gates_t);
-    ConstMatrixMap kernel = Matrix(ctx, 6);
-    ForColumnBlocks(ctx, n, 2 * batch * 4 * n, [&](int64_t first, int64_t count) {
-      d_h_prev.middleCols(first, count).noalias() = d_gates * kernel.middleRows(first, count).transpose();
+    const float* d_gates = d_gates_t->flat<float>().data();
+    float* d_h_prev = d_h_prev_t->flat<float>().data();
+    ForBlocks(ctx, n, 2 * batch * 4 * n, [&](int64_t first, int64_t count) {
+      MultiplyTransposedRows(d_gates, batch, 4 * n, In(ctx, 6), d_h_prev, n, first, count);
     });
   }
 };
