@@ -194,6 +194,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         # In the rounds as well: a single reference run swung from 5.6k to 7.2k words/s between
         # benches on the same machine, more than the goal's margin.
         measurements.append(("torch", lambda: torch_reference(data_path, torch_steps)))
+        # The loop reads the corpus files, so it needs PTB.
+        measurements.append(("small_loop", lambda: run_worker({**train, "kind": "loop"})))
     if levers:
         # In the rounds too, so that each lever compares with its baseline of the same minute.
         measurements += [

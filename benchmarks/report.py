@@ -52,6 +52,7 @@ def ceiling_text(results):
 
 ROW_LABELS = [
     ("small", "small, 1 process, 2 threads"),
+    ("small_loop", "small, the whole loop of lm_ptb.py (the step, batches, callbacks, progress bar, logs)"),
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
     ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
@@ -75,6 +76,7 @@ ROW_LABELS = [
 
 # Each lever against the setting it varies, both measured in the same rounds.
 LEVERS = [
+    ("small_loop", "small"),
     ("small_bf16", "small"),
     ("small_inter1", "small"),
     ("small_tf_ops_loss", "small"),
@@ -254,7 +256,8 @@ def render(results, command):
               "user + sys time per step (all its threads), which other load on the machine barely moves; in "
               "brackets the part of it in the threads hvd.init() starts (Horovod's background thread, which "
               "runs the MPI calls). "
-              "The small step in one process, its matmuls alone, Horovod 1x2 and 2x1 (TCP and shared memory), "
+              "The small step in one process, the whole loop around it, its matmuls alone, Horovod 1x2 and 2x1 "
+              "(TCP and shared memory), "
               "compute alone, the collectives alone, bf16, the PyTorch reference and (with --levers) the levers "
               "below ran in "
               f"{len(_rounds(results))} alternating round(s): each row "

@@ -1,7 +1,7 @@
 """The measurements, each taken inside a fresh worker process (`python bench.py --worker JSON`), so that
 peak RSS and thread settings belong to one measurement.
 
-A worker runs one task (kind "matmul", "bound", "train" or "collectives"; under mpirun for the Horovod
+A worker runs one task (kind "matmul", "bound", "train", "loop" or "collectives"; under mpirun for the Horovod
 ones) and prints its result as one line tagged RESULT_TAG, which benchmarks/orchestration.py reads. The
 functions return numbers, so a notebook can also call them directly.
 """
@@ -238,6 +238,47 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     return result
 
 
+def measure_loop(config_name, steps=30, repeats=5, warmup=10, data_path=""):
+    """Times the whole training loop as `python lm_ptb.py` runs it: the train step and all
+    that comes between two steps (the next batch, the step's counters, the callbacks, the
+    progress bar and the log lines). Beside measure_training's row, which times the step
+    alone, the difference is the loop's own cost. Needs PTB at data_path (the loop reads
+    its batches from the corpus files); the valid and test evaluations after the timed
+    steps are not timed.
+    """
+    import tempfile
+
+    import lm_ptb
+    from runtime import config as config_lib
+    from runtime.callbacks import StepCallback
+
+    class Clock(StepCallback):
+        def __init__(self):
+            self.marks = []  # (wall, process CPU) seconds at each step's end
+
+        def after_step(self, epoch, step, loss):
+            self.marks.append((time.perf_counter(), _cpu_seconds()))
+
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as output_dir:
+        status = lm_ptb.main(["--config", config_name, "--data_path", data_path, "--output_dir", output_dir,
+                              "--set", "num_epochs=1", "--max_steps_per_epoch", str(warmup + steps * repeats)],
+                             callbacks=[clock])
+    if status:
+        raise RuntimeError(f"lm_ptb.py exited with {status}")
+    marks = clock.marks[warmup - 1:]
+    windows, cpu = [], []
+    for first, last in [(marks[r * steps], marks[(r + 1) * steps]) for r in range(repeats)]:
+        windows.append((last[0] - first[0]) * 1e3 / steps)
+        cpu.append((last[1] - first[1]) * 1e3 / steps)
+    config = config_lib.load_config(config_name, [])
+    tokens = config["batch_size"] * config["num_steps"]
+    return {"ms_per_step": spread(windows), "windows_ms": windows, "cpu_ms_per_step": [statistics.median(cpu)],
+            "words_per_s": spread([tokens / ms * 1e3 for ms in windows]), "ranks": 1, "tokens_per_step": tokens,
+            "flops_per_step": analytic_flops(config, config["vocab_size"]),
+            "peak_rss_mb": [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]}
+
+
 def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path=""):
     """Times the collectives of one synchronised train step with no compute around them.
 
@@ -336,6 +377,8 @@ def worker(argv):
         result = step_matmuls(**task)
     elif kind == "collectives":
         result = measure_collectives(**task)
+    elif kind == "loop":
+        result = measure_loop(**task)
     else:
         result = measure_training(**task)
     if not under_mpirun or _is_rank0():

@@ -239,6 +239,7 @@ class TrainingLoop:
         tick = time.perf_counter()
         log_every = max(1, epoch_size // 10)
         epoch_t = tf.constant(epoch, tf.int64)
+        stop_flags = (tf.constant(0.0), tf.constant(1.0))  # made once, not a tensor per step
 
         def snapshot(done):  # a collective: it gathers the LSTM state
             return dataclasses.replace(position, epoch=epoch, step=done, state=global_lstm_state(ctx, state),
@@ -253,7 +254,7 @@ class TrainingLoop:
             self.hooks.before_step(epoch, step)
             self.hooks.before_step_collectives(epoch, step)
             loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
-                                           tf.constant(1.0 if signals.received else 0.0))
+                                           stop_flags[bool(signals.received)])
             loss = float(loss)
             # Past ~709 nats per token the perplexity overflows a float:
             # the model has diverged as surely as with a NaN.

@@ -1,5 +1,6 @@
 """The benchmark's worker processes (`bench.py --worker`) under mpirun, with a few steps."""
 from benchmarks import analytic, orchestration
+from benchmarks.results import spread
 from runtime.config import load_config
 
 
@@ -15,3 +16,16 @@ def test_bench_workers_measure_under_mpirun():
     dense, rows = analytic.gradient_bytes(load_config("config_small"), ranks=2)
     assert (alone["ranks"], alone["dense_bytes"], alone["row_bytes"]) == (2, dense, rows)
     assert len(alone["windows_ms"]) == 2 and alone["call_ms"][0] > 0
+
+
+
+def test_bench_loop_worker_times_lm_ptbs_own_loop(synthetic_corpus):
+    # The whole loop of lm_ptb.py, in a worker process like the other rows:
+    # `repeats` windows of `steps` steps after the warm-up, and the row's
+    # words/s are the windows' tokens over their times.
+    config = "tests/config_tiny.py"
+    few = {"config_name": config, "steps": 3, "repeats": 2, "warmup": 2, "data_path": synthetic_corpus[0]}
+    loop = orchestration.run_worker({"kind": "loop", **few}, timeout=300)
+    tokens = load_config(config)["batch_size"] * load_config(config)["num_steps"]
+    assert loop["tokens_per_step"] == tokens and len(loop["windows_ms"]) == 2
+    assert loop["words_per_s"] == list(spread([tokens / ms * 1e3 for ms in loop["windows_ms"]]))

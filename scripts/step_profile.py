@@ -1,0 +1,160 @@
+"""Where the small training step's time goes, from a TensorFlow profiler trace.
+
+    .venv/bin/python scripts/step_profile.py [--data_path DIR] [--steps N] [--tf_ops cell]
+
+Runs the trainer's own train step (as `make bench` times it) for warm-up
+steps, then STEPS steps under the profiler, and prints per step: the wall
+time; the time in which no op runs on any thread (the gap between steps:
+the Python of the call, its arguments and the loss read, and the executor's
+hand-overs); each TensorFlow thread's busy time; the op types by their
+summed time. It also times a do-nothing function that takes the step's
+arguments: the cost of one call from Python. BENCHMARKS.md quotes its output.
+"""
+import argparse
+import collections
+import glob
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from runtime import context  # noqa: E402
+
+# Executor events that wrap whole functions rather than time an op.
+WRAPPERS = ("Process", "Run")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data_path", default=os.path.join(ROOT, "..", "shared", "data", "ptb"),
+                        help="PTB folder; without ptb.train.txt the steps run on random ids")
+    parser.add_argument("--steps", type=int, default=20, help="profiled steps (default: 20)")
+    parser.add_argument("--warmup", type=int, default=15, help="steps before the profile (default: 15)")
+    parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss"],
+                        help="run this part as TF ops instead of its fused kernel; repeatable")
+    return parser.parse_args(argv)
+
+
+def op_intervals(space):
+    """(start s, end s, thread, op type) of every op the trace's host plane times; the clock starts at 0."""
+    out = []
+    for plane in space.planes:
+        if not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                # Op executions are "node name:OpType"; skip the eager and function-level ones.
+                if ":" not in name or name.startswith(("__inference", "Eager")):
+                    continue
+                op_type = name.rsplit(":", 1)[1]
+                if op_type in WRAPPERS:
+                    continue
+                start = (line.timestamp_ns + event.offset_ps / 1000) / 1e9
+                out.append((start, start + event.duration_ps / 1e12, line.name, op_type))
+    return out
+
+
+def uncovered(window, intervals):
+    """The part of `window` (start, end) that no interval covers."""
+    start, end = window
+    covered, run_start, run_end = 0.0, None, None
+    for a, b in sorted((max(a, start), min(b, end)) for a, b in intervals if b > start and a < end):
+        if run_end is None or a > run_end:
+            covered += 0.0 if run_end is None else run_end - run_start
+            run_start, run_end = a, b
+        else:
+            run_end = max(run_end, b)
+    covered += 0.0 if run_end is None else run_end - run_start
+    return (end - start) - covered
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    context.configure_cpu_threads(1)
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from benchmarks.workers import _batches
+    from runtime import config as config_lib, trainer
+    from runtime.plan import BatchPlan
+    from texar_lite import optimization
+    from texar_lite.model import LanguageModel
+
+    config = config_lib.load_config("config_small", [])
+    plan = BatchPlan.from_config(config, 1)
+    model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tuple(args.tf_ops))
+    optimizer = optimization.get_optimizer(config["opt"])
+    optimizer.build(model.trainable_variables)
+    train_step = trainer.make_train_step(model, optimizer, config, context.LocalContext(), plan, seed=1234)
+    batches = _batches(config, args.data_path, 0, 1, plan.global_batch)
+    state = model.zero_state(plan.rows_per_rank)
+    epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
+
+    def run(count, first):
+        """(start, end) wall-clock seconds of each step: the profiler's clock is the wall clock."""
+        nonlocal state
+        marks = []
+        for step in range(first, first + count):
+            x, y = next(batches)
+            start = time.time()
+            loss, state, _ = train_step(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)
+            float(loss)
+            marks.append((start, time.time()))
+        return marks
+
+    @tf.function(autograph=False)
+    def empty(x, y, state, epoch, step, stop):
+        return tf.constant(0.0), state, stop > 0
+
+    run(args.warmup, 0)
+    calls = []
+    for step in range(200):
+        x, y = next(batches)
+        start = time.perf_counter()
+        float(empty(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)[0])
+        calls.append(time.perf_counter() - start)
+    plain = run(args.steps, args.warmup)
+    logdir = tempfile.mkdtemp()
+    tf.profiler.experimental.start(logdir)
+    marks = run(args.steps, args.warmup + args.steps)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    with open(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0], "rb") as f:
+        space.ParseFromString(f.read())
+    ops = op_intervals(space)
+    # Line the trace's clock up with the last step's end.
+    shift = marks[-1][1] - max(end for _, end, _, _ in ops)
+    ops = [(start + shift, end + shift, thread, op_type) for start, end, thread, op_type in ops]
+    per_step = 1e3 / args.steps
+
+    def ms(seconds):
+        return f"{seconds * per_step:.2f} ms"
+
+    print(f"step, unprofiled: {statistics.median(end - start for start, end in plain) * 1e3:.2f} ms (median of "
+          f"{args.steps}); profiled: {ms(sum(end - start for start, end in marks))}")
+    print(f"no op running on any thread: {ms(sum(uncovered(mark, [op[:2] for op in ops]) for mark in marks))}")
+    print(f"one call of a do-nothing function with the step's arguments, and the read of its result: "
+          f"{statistics.median(calls) * 1e3:.2f} ms")
+    busy = collections.Counter()
+    for start, end, thread, _ in ops:
+        busy[thread] += end - start
+    for thread, seconds in busy.most_common():
+        if seconds:
+            print(f"busy: {thread} {ms(seconds)}")
+    by_type, count = collections.Counter(), collections.Counter()
+    for start, end, _, op_type in ops:
+        by_type[op_type] += end - start
+        count[op_type] += 1
+    print(f"{'op type':28s} {'time':>10s} {'runs':>6s}  (per step, summed over threads)")
+    for op_type, seconds in by_type.most_common(12):
+        print(f"{op_type:28s} {ms(seconds):>10s} {count[op_type] / args.steps:6.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
