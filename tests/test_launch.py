@@ -1,9 +1,11 @@
 """The one launcher of every multi-process test (harness/launch.py): a hang
 ends at its bound, and nothing it started survives, wherever it went."""
 import os
+import subprocess
 import sys
 import time
 
+from harness import cluster
 from harness.launch import Launch, tagged_pids
 
 # A launcher that hangs, with a child in a process group of its own (as Open
@@ -59,3 +61,18 @@ def test_a_work_directory_given_by_the_caller_keeps_the_output(tmp_path):
     outcome = launch.finish(30, linger_s=0)
     assert outcome.returncode == 0 and outcome.stdout == "kept\n"
     assert (tmp_path / "run" / "stdout").read_text() == "kept\n"
+
+
+def test_remove_stale_drops_the_records_of_dead_owners_and_keeps_live_ones(tmp_path, monkeypatch):
+    # A test process killed after its namespaces were gone left its owner
+    # record behind; the next cleanup drops it, and keeps the record of a
+    # live owner (a pytest worker running beside it). No namespace is
+    # listed here, so no real cluster of another worker is touched.
+    monkeypatch.setattr(cluster, "OWNERS", str(tmp_path))
+    monkeypatch.setattr(cluster, "_ip", lambda *args, check=True: subprocess.CompletedProcess(args, 0, "", ""))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "dead").write_text(str(dead.pid))
+    (tmp_path / "live").write_text(str(os.getpid()))
+    cluster.remove_stale()
+    assert sorted(os.listdir(tmp_path)) == ["live"]
