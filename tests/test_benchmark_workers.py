@@ -26,6 +26,7 @@ def test_bench_loop_worker_times_lm_ptbs_own_loop(synthetic_corpus):
     config = "tests/config_tiny.py"
     few = {"config_name": config, "steps": 3, "repeats": 2, "warmup": 2, "data_path": synthetic_corpus[0]}
     loop = orchestration.run_worker({"kind": "loop", **few}, timeout=300)
-    tokens = load_config(config)["batch_size"] * load_config(config)["num_steps"]
+    tiny = load_config(config)
+    tokens = tiny["batch_size"] * tiny["num_steps"]
     assert loop["tokens_per_step"] == tokens and len(loop["windows_ms"]) == 2
     assert loop["words_per_s"] == list(spread([tokens / ms * 1e3 for ms in loop["windows_ms"]]))

@@ -112,8 +112,8 @@ const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat
 
 // The recurrent products run here, their output columns split over TF's
 // intra-op threads: one op per time step each way instead of a MatMul op and
-// a cell op, which saves an op's scheduling per step. On one thread the
-// product would be slower than oneDNN's, hence the split.
+// a cell op, which saves an op's scheduling per step. Split, a step's product
+// uses every core when nothing else in the step is ready to run.
 //
 // They are small ([B, H] x [H, 4H] with B the rows of one rank), and a GEMM
 // library copies ("packs") both operands into its own layout on every call,
@@ -129,52 +129,57 @@ constexpr int kTileColumns = 3;  // packets forward, rows of W_h backward
 
 // out[r, p packets] = sum over k of a[r, k] w[k, p packets], for r < R.
 template <int R, int P>
-void ProductTile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
-                 int64_t ldo) {
-  using namespace Eigen::internal;
-  Packet acc[R][P];
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) acc[r][p] = pset1<Packet>(0.0f);
-  for (int64_t k = 0; k < depth; ++k) {
-    Packet wk[P];
-    for (int p = 0; p < P; ++p) wk[p] = ploadu<Packet>(w + k * ldw + p * kPacket);
-    for (int r = 0; r < R; ++r) {
-      const Packet ak = pset1<Packet>(a[r * lda + k]);
-      for (int p = 0; p < P; ++p) acc[r][p] = pmadd(ak, wk[p], acc[r][p]);
+struct ProductTile {
+  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
+                  int64_t ldo) {
+    using namespace Eigen::internal;
+    Packet acc[R][P];
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) acc[r][p] = pset1<Packet>(0.0f);
+    for (int64_t k = 0; k < depth; ++k) {
+      Packet wk[P];
+      for (int p = 0; p < P; ++p) wk[p] = ploadu<Packet>(w + k * ldw + p * kPacket);
+      for (int r = 0; r < R; ++r) {
+        const Packet ak = pset1<Packet>(a[r * lda + k]);
+        for (int p = 0; p < P; ++p) acc[r][p] = pmadd(ak, wk[p], acc[r][p]);
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) pstoreu(out + r * ldo + p * kPacket, acc[r][p]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) pstoreu(out + r * ldo + p * kPacket, acc[r][p]);
-}
+};
 
 // out[r, q] = sum over j of a[r, j] w[q, j], for r < R and q < Q: rows of a
 // against rows of w, so a product with w^T needs no transposed copy.
 template <int R, int Q>
-void DotTile(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out, int64_t ldo) {
-  using namespace Eigen::internal;
-  Packet acc[R][Q];
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < Q; ++q) acc[r][q] = pset1<Packet>(0.0f);
-  int64_t j = 0;
-  for (; j + kPacket <= depth; j += kPacket) {
-    Packet wj[Q];
-    for (int q = 0; q < Q; ++q) wj[q] = ploadu<Packet>(w + q * ldw + j);
+struct DotTile {
+  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
+                  int64_t ldo) {
+    using namespace Eigen::internal;
+    Packet acc[R][Q];
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < Q; ++q) acc[r][q] = pset1<Packet>(0.0f);
+    int64_t j = 0;
+    for (; j + kPacket <= depth; j += kPacket) {
+      Packet wj[Q];
+      for (int q = 0; q < Q; ++q) wj[q] = ploadu<Packet>(w + q * ldw + j);
+      for (int r = 0; r < R; ++r) {
+        const Packet aj = ploadu<Packet>(a + r * lda + j);
+        for (int q = 0; q < Q; ++q) acc[r][q] = pmadd(aj, wj[q], acc[r][q]);
+      }
+    }
     for (int r = 0; r < R; ++r) {
-      const Packet aj = ploadu<Packet>(a + r * lda + j);
-      for (int q = 0; q < Q; ++q) acc[r][q] = pmadd(aj, wj[q], acc[r][q]);
+      for (int q = 0; q < Q; ++q) {
+        float sum = predux(acc[r][q]);
+        for (int64_t tail = j; tail < depth; ++tail) sum += a[r * lda + tail] * w[q * ldw + tail];
+        out[r * ldo + q] = sum;
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int q = 0; q < Q; ++q) {
-      float sum = predux(acc[r][q]);
-      for (int64_t tail = j; tail < depth; ++tail) sum += a[r * lda + tail] * w[q * ldw + tail];
-      out[r * ldo + q] = sum;
-    }
-  }
-}
+};
 
 // Runs Tile<R, C> over column groups of C (packets or w rows) up to `groups`,
-// then the remainder as Tile<R, 1>; `step` is how far one group moves in w and out.
+// then the remainder as Tile<R, 1>; w_step and out_step are how far one group moves in w and out.
 template <int R, template <int, int> class Tile>
 struct Columns {
   static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step, int64_t depth,
@@ -184,22 +189,6 @@ struct Columns {
       Tile<R, kTileColumns>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
     }
     for (; g < groups; ++g) Tile<R, 1>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
-  }
-};
-
-template <int R, int C>
-struct Product {
-  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
-                  int64_t ldo) {
-    ProductTile<R, C>(a, lda, w, ldw, depth, out, ldo);
-  }
-};
-
-template <int R, int C>
-struct Dot {
-  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t depth, float* out,
-                  int64_t ldo) {
-    DotTile<R, C>(a, lda, w, ldw, depth, out, ldo);
   }
 };
 
@@ -225,7 +214,7 @@ void OverRows(int64_t rows, const float* a, int64_t lda, const float* w, int64_t
 void MultiplyColumns(const float* a, int64_t rows, int64_t depth, const float* w, int64_t ldw, float* out,
                      int64_t ldo, int64_t first, int64_t count) {
   const int64_t packets = count / kPacket;
-  OverRows<Product>(rows, a, depth, w + first, ldw, kPacket, depth, out + first, ldo, kPacket, packets);
+  OverRows<ProductTile>(rows, a, depth, w + first, ldw, kPacket, depth, out + first, ldo, kPacket, packets);
   for (int64_t c = first + packets * kPacket; c < first + count; ++c) {  // columns past the last packet
     for (int64_t r = 0; r < rows; ++r) {
       float sum = 0.0f;
@@ -238,7 +227,7 @@ void MultiplyColumns(const float* a, int64_t rows, int64_t depth, const float* w
 // out[:, first : first + count] = a [rows, depth] x w[first : first + count, :]^T (w [*, depth]).
 void MultiplyTransposedRows(const float* a, int64_t rows, int64_t depth, const float* w, float* out, int64_t ldo,
                             int64_t first, int64_t count) {
-  OverRows<Dot>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo, 1, count);
+  OverRows<DotTile>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo, 1, count);
 }
 
 // Calls fn(first, count) over [0, size) in blocks of a packet, the blocks
