@@ -25,7 +25,7 @@ from texar_lite import decoder, kernels, losses, op_selection, optimization
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops
 
-CUSTOM_OPS = {"LstmStepForward", "LstmStepBackward", "SoftmaxCrossEntropyInPlace"}
+CUSTOM_OPS = {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace"}
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
 NOT_BUILT = "the fused kernel is not built: run make setup"
 BF16_REASON = "the fused kernel is float32 only; precision is mixed_bfloat16"
@@ -270,7 +270,7 @@ def test_a_model_built_for_cpu_runs_the_custom_ops():
 
 @pytest.mark.parametrize("tf_ops, left", [
     (("cell",), {"SoftmaxCrossEntropyInPlace"}),
-    (("loss",), {"LstmStepForward", "LstmStepBackward"}),
+    (("loss",), {"LstmSequenceForward", "LstmSequenceBackward"}),
     (("cell", "loss"), set()),
 ])
 def test_a_cpu_model_asked_for_tf_ops_runs_them_in_training_and_evaluation(tf_ops, left):

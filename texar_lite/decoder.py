@@ -176,16 +176,33 @@ def _affine(x, kernel, bias):
 
 
 class _TfOpsCell:
-    """One cell step as TF ops: the recurrent matmul, then about 12 ops forward and 15 backward.
+    """A layer's run of time steps as TF ops, one step after another: per step the
+    recurrent matmul, then about 12 ops forward and 15 backward.
 
     The kernel may be a bfloat16 copy (mixed precision); all else is float32.
     """
 
     name = "TF ops"
 
+    def forward(self, projected, c, h, kernel):
+        """projected [T, B, 4H] holds x W_x + b -> (outputs [T, B, H], final c, final h, saved for backward)."""
+        outputs, saved = [], []
+        for gates_x in tf.unstack(projected):
+            c, h, step_saved = self._step_forward(gates_x, h, c, kernel)
+            outputs.append(h)
+            saved.append(step_saved)
+        return tf.stack(outputs), c, h, saved
+
+    def backward(self, d_outputs, d_c, d_h, saved, kernel):
+        """-> (d_projected [T, B, 4H], d_c0, d_h0)."""
+        d_steps = tf.unstack(d_outputs)
+        d_gates = [None] * len(saved)
+        for t in reversed(range(len(saved))):
+            d_gates[t], d_c, d_h = self._step_backward(d_h, d_steps[t], d_c, saved[t], kernel)
+        return tf.stack(d_gates), d_c, d_h
+
     @staticmethod
-    def forward(gates_x, h_prev, c_prev, kernel):
-        """-> (c, h, saved for backward)."""
+    def _step_forward(gates_x, h_prev, c_prev, kernel):
         recurrent = tf.cast(tf.matmul(tf.cast(h_prev, kernel.dtype), kernel), tf.float32)
         i, j, f, o = tf.split(gates_x + recurrent, 4, axis=1)
         i, j, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
@@ -194,8 +211,7 @@ class _TfOpsCell:
         return c, o * tanh_c, (i, j, f, o, tanh_c, c_prev)
 
     @staticmethod
-    def backward(d_h, d_output, d_c, saved, kernel):
-        """-> (d_gates [B, 4H], d_c_prev, d_h_prev)."""
+    def _step_backward(d_h, d_output, d_c, saved, kernel):
         i, j, f, o, tanh_c, c_prev = saved
         d_h = d_h + d_output
         d_c = d_c + tf.raw_ops.TanhGrad(y=tanh_c, dy=d_h * o)
@@ -208,7 +224,8 @@ class _TfOpsCell:
 
 
 class _FusedCell:
-    """The same step, recurrent product included, as one op each way (texar_lite/kernels/lstm_cell.cc).
+    """The same run of steps as one op each way, time loop and recurrent product
+    included (texar_lite/kernels/lstm_cell.cc).
 
     Equal to the TF ops up to rounding; float32 only.
     """
@@ -221,13 +238,13 @@ class _FusedCell:
     # Autograph (a caller's tf.function may turn it on) loses the instance of
     # these bound methods; they hold no Python control flow to convert.
     @tf.autograph.experimental.do_not_convert
-    def forward(self, gates_x, h_prev, c_prev, kernel):
-        c, h, activations, tanh_c = self.library.lstm_step_forward(gates_x, h_prev, c_prev, kernel)
-        return c, h, (activations, tanh_c, c_prev)
+    def forward(self, projected, c, h, kernel):
+        outputs, cells, activations, tanh_c = self.library.lstm_sequence_forward(projected, h, c, kernel)
+        return outputs, cells[-1], outputs[-1], (activations, tanh_c, cells, c)
 
     @tf.autograph.experimental.do_not_convert
-    def backward(self, d_h, d_output, d_c, saved, kernel):
-        return self.library.lstm_step_backward(d_h, d_output, d_c, *saved, kernel)
+    def backward(self, d_outputs, d_c, d_h, saved, kernel):
+        return self.library.lstm_sequence_backward(d_outputs, d_h, d_c, *saved, kernel)
 
 
 # The cells an OpChoice names: FUSED_CELL is None where setup has not built the kernel.
@@ -242,31 +259,23 @@ def _lstm_sequence(projected, c, h, kernel, cell):
     hand-written backpropagation through time: automatic differentiation
     computes the recurrent kernel's gradient as T small matmuls summed by
     AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. `cell`
-    does one time step each way, the recurrent product included. kernel may
+    runs the time steps each way, the recurrent products included. kernel may
     be a bfloat16 copy (mixed precision, with the TF-ops cell); all else is float32.
     """
 
     @tf.custom_gradient
     def sequence(projected, c, h, kernel):
-        saved, h_prevs, outputs = [], [], []
-        for gates_x in tf.unstack(projected):
-            h_prevs.append(h)
-            c, h, step_saved = cell.forward(gates_x, h, c, kernel)
-            saved.append(step_saved)
-            outputs.append(h)
+        outputs, c_last, h_last, saved = cell.forward(projected, c, h, kernel)
 
         def grad(d_outputs, d_c, d_h):
-            d_steps = tf.unstack(d_outputs)
-            d_gates = [None] * len(saved)
-            for t in reversed(range(len(saved))):
-                d_gates[t], d_c, d_h = cell.backward(d_h, d_steps[t], d_c, saved[t], kernel)
-            d_projected = tf.stack(d_gates)
+            d_projected, d_c0, d_h0 = cell.backward(d_outputs, d_c, d_h, saved, kernel)
             units = kernel.shape[0]
-            h_flat = tf.cast(tf.reshape(tf.stack(h_prevs), [-1, units]), kernel.dtype)
+            h_prevs = tf.concat([h[tf.newaxis], outputs[:-1]], 0)
+            h_flat = tf.cast(tf.reshape(h_prevs, [-1, units]), kernel.dtype)
             d_flat = tf.cast(tf.reshape(d_projected, [-1, 4 * units]), kernel.dtype)
             d_kernel = tf.matmul(h_flat, d_flat, transpose_a=True)
-            return d_projected, d_c, d_h, d_kernel
+            return d_projected, d_c0, d_h0, d_kernel
 
-        return (tf.stack(outputs), c, h), grad
+        return (outputs, c_last, h_last), grad
 
     return sequence(projected, c, h, kernel)

@@ -1,15 +1,18 @@
-// One LSTM time step as a single op each way, for texar_lite/decoder.py:
-// the recurrent product h_prev W_h and the cell forward, the cell's gradient
-// and d_gates W_h^T backward.
+// One LSTM layer over a run of time steps as a single op each way, for
+// texar_lite/decoder.py: forward, the recurrence of every step (h_prev W_h
+// and the cell); backward, backpropagation through time (the cell's gradient
+// and d_gates W_h^T of every step, last to first).
 //
 // Built by scripts/setup.sh into lstm_cell.so next to this file.
 //
-// Why: in the small config a cell step is a [20, 800] block. Written as TF
-// ops it is about 12 ops forward and 15 backward, each costing more in
-// scheduling than in arithmetic, and the step repeats them for every time
-// step of every layer. Here each direction is one op.
-// The input projections and the kernels' gradients, one matmul per layer
-// each, stay in TF (oneDNN).
+// Why: in the small config a time step is a [20, 200] x [200, 800] product
+// and a few elementwise passes over [20, 800]. Written as TF ops a step is
+// about 12 ops forward and 15 backward; even as one op per step, each step
+// pays the executor's scheduling, and the steps' outputs are stacked into
+// [T, B, *] tensors afterwards. Here the time loop runs inside the op and
+// every step writes straight into those tensors. The input projection x W_x
+// + b has no time dependency and comes in computed for all steps (one matmul
+// in TF, by oneDNN), as does the recurrent kernel's gradient after the loop.
 //
 // Layout: every [B, 4H] row holds the gates i | j | f | o (TF's
 // BasicLSTMCell order), H values each. The nonlinearities are Eigen's
@@ -17,6 +20,10 @@
 // setup builds this file for the widest instruction set the CPU has, FMA
 // included, so they differ from the TF ops (built for plain AVX) by an ulp
 // or two, and the products from oneDNN's by their order of summation.
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -37,83 +44,94 @@ using tensorflow::shape_inference::ShapeHandle;
 using Row = Eigen::Map<Eigen::ArrayXf>;
 using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
 
-// OK when `t` is a [batch, width] matrix.
-tensorflow::Status CheckMatrix(const Tensor& t, const char* name, int64_t batch, int64_t width) {
-  if (t.dims() == 2 && t.dim_size(0) == batch && t.dim_size(1) == width) return tsl::OkStatus();
-  return InvalidArgument(name, " must be [", batch, ", ", width, "], got ", t.shape().DebugString());
-}
-
-REGISTER_OP("LstmStepForward")
-    .Input("gates_x: float")      // [B, 4H]: x W_x + b for this step
-    .Input("h_prev: float")       // [B, H]
-    .Input("c_prev: float")       // [B, H]
+REGISTER_OP("LstmSequenceForward")
+    .Input("projected: float")    // [T, B, 4H]: x W_x + b for every step
+    .Input("h0: float")           // [B, H]
+    .Input("c0: float")           // [B, H]
     .Input("kernel: float")       // [H, 4H]: W_h
-    .Output("c: float")           // [B, H]
-    .Output("h: float")           // [B, H]
-    .Output("activations: float") // [B, 4H]: sigmoid(i) | tanh(j) | sigmoid(f) | sigmoid(o)
-    .Output("tanh_c: float")      // [B, H]
+    .Output("outputs: float")     // [T, B, H]: h of every step
+    .Output("cells: float")       // [T, B, H]: c of every step
+    .Output("activations: float") // [T, B, 4H]: sigmoid(i) | tanh(j) | sigmoid(f) | sigmoid(o)
+    .Output("tanh_c: float")      // [T, B, H]
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle gates, state;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &gates));
+      ShapeHandle projected, state;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &projected));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &state));
       TF_RETURN_IF_ERROR(c->Merge(state, c->input(2), &state));
-      c->set_output(0, state);
-      c->set_output(1, state);
-      c->set_output(2, gates);
-      c->set_output(3, state);
+      ShapeHandle steps = c->MakeShape({c->Dim(projected, 0), c->Dim(state, 0), c->Dim(state, 1)});
+      c->set_output(0, steps);
+      c->set_output(1, steps);
+      c->set_output(2, projected);
+      c->set_output(3, steps);
       return tsl::OkStatus();
     });
 
-REGISTER_OP("LstmStepBackward")
-    .Input("d_h: float")          // [B, H]: from the next step (or the final h)
-    .Input("d_output: float")     // [B, H]: from this step's output
-    .Input("d_c: float")          // [B, H]: from the next step (or the final c)
-    .Input("activations: float")  // [B, 4H]
-    .Input("tanh_c: float")       // [B, H]
-    .Input("c_prev: float")       // [B, H]
+REGISTER_OP("LstmSequenceBackward")
+    .Input("d_outputs: float")    // [T, B, H]
+    .Input("d_h: float")          // [B, H]: of the final h, besides its output
+    .Input("d_c: float")          // [B, H]: of the final c
+    .Input("activations: float")  // [T, B, 4H]: the forward's
+    .Input("tanh_c: float")       // [T, B, H]
+    .Input("cells: float")        // [T, B, H]
+    .Input("c0: float")           // [B, H]
     .Input("kernel: float")       // [H, 4H]
-    .Output("d_gates: float")     // [B, 4H]: gradient of gates_x (and of h_prev W_h)
-    .Output("d_c_prev: float")    // [B, H]
-    .Output("d_h_prev: float")    // [B, H]: d_gates W_h^T
+    .Output("d_projected: float") // [T, B, 4H]: the gates' gradient (of x W_x + b and of h_prev W_h)
+    .Output("d_c0: float")        // [B, H]
+    .Output("d_h0: float")        // [B, H]
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle state;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &state));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &state));
       c->set_output(0, c->input(3));
       c->set_output(1, state);
       c->set_output(2, state);
       return tsl::OkStatus();
     });
 
-// The shapes an input may have, from the batch B and the units H.
-enum Kind { kState /* [B, H] */, kGates /* [B, 4H] */, kKernel /* [H, 4H] */ };
+// The shapes an input may have, from the steps T, the batch B and the units H.
+enum Kind { kState /* [B, H] */, kKernel /* [H, 4H] */, kSteps /* [T, B, H] */, kStepGates /* [T, B, 4H] */ };
 
 struct Input {
   const char* name;
   Kind kind;
 };
 
-// The [B, H] input `state_index` fixes B and H; input i must have the shape `inputs[i].kind`.
-tensorflow::Status CheckInputs(OpKernelContext* ctx, int state_index, std::initializer_list<Input> inputs,
-                               int64_t* batch, int64_t* units) {
-  const Tensor& state = ctx->input(state_index);
-  if (state.dims() != 2) return InvalidArgument("input ", state_index, " must be a [B, H] matrix");
-  *batch = state.dim_size(0);
-  *units = state.dim_size(1);
+// Input `sequence` (a [T, B, *] tensor) fixes T and input `state` (a [B, H]
+// matrix) B and H; input i must then have the shape `inputs[i].kind`.
+tensorflow::Status CheckInputs(OpKernelContext* ctx, int sequence, int state, std::initializer_list<Input> inputs,
+                               int64_t* steps, int64_t* batch, int64_t* units) {
+  const Tensor& first = ctx->input(sequence);
+  if (first.dims() != 3 || first.dim_size(0) < 1) {
+    return InvalidArgument(inputs.begin()[sequence].name, " must be [T, B, *] with T >= 1, got ",
+                           first.shape().DebugString());
+  }
+  if (ctx->input(state).dims() != 2) {
+    return InvalidArgument(inputs.begin()[state].name, " must be a [B, H] matrix, got ",
+                           ctx->input(state).shape().DebugString());
+  }
+  *steps = first.dim_size(0);
+  *batch = ctx->input(state).dim_size(0);
+  *units = ctx->input(state).dim_size(1);
   int index = 0;
   for (const Input& input : inputs) {
-    TF_RETURN_IF_ERROR(CheckMatrix(ctx->input(index), input.name, input.kind == kKernel ? *units : *batch,
-                                   input.kind == kState ? *units : 4 * *units));
-    ++index;
+    std::vector<int64_t> want;
+    if (input.kind == kSteps || input.kind == kStepGates) want.push_back(*steps);
+    want.push_back(input.kind == kKernel ? *units : *batch);
+    want.push_back(input.kind == kState || input.kind == kSteps ? *units : 4 * *units);
+    const Tensor& t = ctx->input(index++);
+    if (t.shape() != TensorShape(want)) {
+      std::string dims;
+      for (int64_t size : want) dims += (dims.empty() ? "" : ", ") + std::to_string(size);
+      return InvalidArgument(input.name, " must be [", dims, "], got ", t.shape().DebugString());
+    }
   }
   return tsl::OkStatus();
 }
 
 const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat<float>().data(); }
 
-// The recurrent products run here, their output columns split over TF's
-// intra-op threads: one op per time step each way instead of a MatMul op and
-// a cell op, which saves an op's scheduling per step. Split, a step's product
-// uses every core when nothing else in the step is ready to run.
+// The recurrent products run here, inside the time loop, their output
+// columns split over TF's intra-op threads: split, a step's product uses
+// every core when nothing else in the training step is ready to run.
 //
 // They are small ([B, H] x [H, 4H] with B the rows of one rank), and a GEMM
 // library copies ("packs") both operands into its own layout on every call,
@@ -241,81 +259,112 @@ void ForBlocks(OpKernelContext* ctx, int64_t size, int64_t cost_per_item, Fn fn)
                     });
 }
 
-class LstmStepForwardOp : public OpKernel {
+// One step forward: acts = the gates of gx + h_prev W_h, then c, tanh_c and h.
+void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, const float* c_prev,
+                 const float* kernel, int64_t batch, int64_t n, float* acts, float* c_out, float* tanh_c_out,
+                 float* h_out) {
+  // h_prev W_h goes into the activations buffer, which the gates then overwrite.
+  ForBlocks(ctx, 4 * n, 2 * batch * n, [&](int64_t first, int64_t count) {
+    MultiplyColumns(h_prev, batch, n, kernel, 4 * n, acts, 4 * n, first, count);
+  });
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* x = gx + b * 4 * n;
+    float* a = acts + b * 4 * n;
+    Row i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
+    // As in the TF ops: the sum is rounded first, then the function applied.
+    i = (ConstRow(x, n) + i).logistic();
+    j = (ConstRow(x + n, n) + j).tanh();
+    f = (ConstRow(x + 2 * n, n) + f).logistic();
+    o = (ConstRow(x + 3 * n, n) + o).logistic();
+    Row c(c_out + b * n, n), tanh_c(tanh_c_out + b * n, n);
+    c = f * ConstRow(c_prev + b * n, n) + i * j;
+    tanh_c = c.tanh();
+    Row(h_out + b * n, n) = o * tanh_c;
+  }
+}
+
+// One step backward. On entry d_h and d_c hold the gradients of this step's
+// h (besides its output's, d_output) and c; on return, those of the step
+// before's: d_c_prev, and d_h_prev = d_gates W_h^T.
+void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts, const float* tanh_c_in,
+                  const float* c_prev, const float* kernel, int64_t batch, int64_t n, float* d_gates, float* d_h,
+                  float* d_c) {
+  Eigen::ArrayXf dh(n), dc(n);
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* a = acts + b * 4 * n;
+    ConstRow i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
+    ConstRow tanh_c(tanh_c_in + b * n, n), c(c_prev + b * n, n);
+    dh = ConstRow(d_h + b * n, n) + ConstRow(d_output + b * n, n);
+    // From the saved values: tanh' = 1 - tanh^2 and sigmoid' = s (1 - s),
+    // grouped as TF's TanhGrad and SigmoidGrad group them (same rounding).
+    dc = ConstRow(d_c + b * n, n) + dh * o * (1.0f - tanh_c * tanh_c);
+    float* g = d_gates + b * 4 * n;
+    Row(g, n) = (dc * j) * (i * (1.0f - i));
+    Row(g + n, n) = dc * i * (1.0f - j * j);
+    Row(g + 2 * n, n) = (dc * c) * (f * (1.0f - f));
+    Row(g + 3 * n, n) = (dh * tanh_c) * (o * (1.0f - o));
+    Row(d_c + b * n, n) = dc * f;
+  }
+  // Every row of d_h has been read above; the product overwrites it.
+  ForBlocks(ctx, n, 2 * batch * 4 * n, [&](int64_t first, int64_t count) {
+    MultiplyTransposedRows(d_gates, batch, 4 * n, kernel, d_h, n, first, count);
+  });
+}
+
+float* Out(Tensor* t) { return t->flat<float>().data(); }
+
+class LstmSequenceForwardOp : public OpKernel {
  public:
-  explicit LstmStepForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit LstmSequenceForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t batch, n;
-    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 1,
-                                    {{"gates_x", kGates}, {"h_prev", kState}, {"c_prev", kState}, {"kernel", kKernel}},
-                                    &batch, &n));
-    Tensor *c_t, *h_t, *acts_t, *tanh_c_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, n}), &c_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &h_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, 4 * n}), &acts_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({batch, n}), &tanh_c_t));
-    // h_prev W_h goes into the activations buffer, which the gates then overwrite.
-    float* product = acts_t->flat<float>().data();
-    ForBlocks(ctx, 4 * n, 2 * batch * n, [&](int64_t first, int64_t count) {
-      MultiplyColumns(In(ctx, 1), batch, n, In(ctx, 3), 4 * n, product, 4 * n, first, count);
-    });
-    for (int64_t b = 0; b < batch; ++b) {
-      const float* gx = In(ctx, 0) + b * 4 * n;
-      float* a = acts_t->flat<float>().data() + b * 4 * n;
-      Row i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
-      // As in the TF ops: the sum is rounded first, then the function applied.
-      i = (ConstRow(gx, n) + i).logistic();
-      j = (ConstRow(gx + n, n) + j).tanh();
-      f = (ConstRow(gx + 2 * n, n) + f).logistic();
-      o = (ConstRow(gx + 3 * n, n) + o).logistic();
-      Row c(c_t->flat<float>().data() + b * n, n), tanh_c(tanh_c_t->flat<float>().data() + b * n, n);
-      c = f * ConstRow(In(ctx, 2) + b * n, n) + i * j;
-      tanh_c = c.tanh();
-      Row(h_t->flat<float>().data() + b * n, n) = o * tanh_c;
+    int64_t steps, batch, n;
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 0, 1,
+                                    {{"projected", kStepGates}, {"h0", kState}, {"c0", kState}, {"kernel", kKernel}},
+                                    &steps, &batch, &n));
+    Tensor *outputs, *cells, *acts, *tanh_c;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({steps, batch, n}), &outputs));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({steps, batch, n}), &cells));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({steps, batch, 4 * n}), &acts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({steps, batch, n}), &tanh_c));
+    const int64_t state = batch * n;
+    for (int64_t t = 0; t < steps; ++t) {
+      const float* h_prev = t ? Out(outputs) + (t - 1) * state : In(ctx, 1);
+      const float* c_prev = t ? Out(cells) + (t - 1) * state : In(ctx, 2);
+      ForwardStep(ctx, In(ctx, 0) + t * 4 * state, h_prev, c_prev, In(ctx, 3), batch, n, Out(acts) + t * 4 * state,
+                  Out(cells) + t * state, Out(tanh_c) + t * state, Out(outputs) + t * state);
     }
   }
 };
 
-class LstmStepBackwardOp : public OpKernel {
+class LstmSequenceBackwardOp : public OpKernel {
  public:
-  explicit LstmStepBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit LstmSequenceBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    int64_t batch, n;
-    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 0,
-                                    {{"d_h", kState}, {"d_output", kState}, {"d_c", kState}, {"activations", kGates},
-                                     {"tanh_c", kState}, {"c_prev", kState}, {"kernel", kKernel}},
-                                    &batch, &n));
-    Tensor *d_gates_t, *d_c_prev_t, *d_h_prev_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, 4 * n}), &d_gates_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &d_c_prev_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, n}), &d_h_prev_t));
-    Eigen::ArrayXf dh(n), dc(n);
-    for (int64_t b = 0; b < batch; ++b) {
-      const float* a = In(ctx, 3) + b * 4 * n;
-      ConstRow i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
-      ConstRow tanh_c(In(ctx, 4) + b * n, n), c_prev(In(ctx, 5) + b * n, n);
-      dh = ConstRow(In(ctx, 0) + b * n, n) + ConstRow(In(ctx, 1) + b * n, n);
-      // From the saved values: tanh' = 1 - tanh^2 and sigmoid' = s (1 - s),
-      // grouped as TF's TanhGrad and SigmoidGrad group them (same rounding).
-      dc = ConstRow(In(ctx, 2) + b * n, n) + dh * o * (1.0f - tanh_c * tanh_c);
-      float* g = d_gates_t->flat<float>().data() + b * 4 * n;
-      Row(g, n) = (dc * j) * (i * (1.0f - i));
-      Row(g + n, n) = dc * i * (1.0f - j * j);
-      Row(g + 2 * n, n) = (dc * c_prev) * (f * (1.0f - f));
-      Row(g + 3 * n, n) = (dh * tanh_c) * (o * (1.0f - o));
-      Row(d_c_prev_t->flat<float>().data() + b * n, n) = dc * f;
+    int64_t steps, batch, n;
+    OP_REQUIRES_OK(ctx, CheckInputs(ctx, 0, 1,
+                                    {{"d_outputs", kSteps}, {"d_h", kState}, {"d_c", kState},
+                                     {"activations", kStepGates}, {"tanh_c", kSteps}, {"cells", kSteps},
+                                     {"c0", kState}, {"kernel", kKernel}},
+                                    &steps, &batch, &n));
+    Tensor *d_projected, *d_c, *d_h;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({steps, batch, 4 * n}), &d_projected));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &d_c));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, n}), &d_h));
+    // d_c0 and d_h0 carry the gradients from step to step, last to first.
+    const int64_t state = batch * n;
+    std::memcpy(Out(d_h), In(ctx, 1), state * sizeof(float));
+    std::memcpy(Out(d_c), In(ctx, 2), state * sizeof(float));
+    for (int64_t t = steps - 1; t >= 0; --t) {
+      const float* c_prev = t ? In(ctx, 5) + (t - 1) * state : In(ctx, 6);
+      BackwardStep(ctx, In(ctx, 0) + t * state, In(ctx, 3) + t * 4 * state, In(ctx, 4) + t * state, c_prev,
+                   In(ctx, 7), batch, n, Out(d_projected) + t * 4 * state, Out(d_h), Out(d_c));
     }
-    const float* d_gates = d_gates_t->flat<float>().data();
-    float* d_h_prev = d_h_prev_t->flat<float>().data();
-    ForBlocks(ctx, n, 2 * batch * 4 * n, [&](int64_t first, int64_t count) {
-      MultiplyTransposedRows(d_gates, batch, 4 * n, In(ctx, 6), d_h_prev, n, first, count);
-    });
   }
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("LstmStepForward").Device(DEVICE_CPU), LstmStepForwardOp);
-REGISTER_KERNEL_BUILDER(Name("LstmStepBackward").Device(DEVICE_CPU), LstmStepBackwardOp);
+REGISTER_KERNEL_BUILDER(Name("LstmSequenceForward").Device(DEVICE_CPU), LstmSequenceForwardOp);
+REGISTER_KERNEL_BUILDER(Name("LstmSequenceBackward").Device(DEVICE_CPU), LstmSequenceBackwardOp);
