@@ -166,6 +166,42 @@ def _start_horovod(**context_args):
     return hvd, context.HorovodContext(hvd, **context_args), sorted(_thread_ids() - before)
 
 
+class TrainSteps:
+    """The trainer's own train step on `config`'s model (a loaded config), built and
+    broadcast over ctx, and fed this rank's windows of data_path's PTB (random ids
+    without it), as train_and_evaluate runs it."""
+
+    def __init__(self, config, ctx, data_path, tf_ops=()):
+        import tensorflow as tf
+
+        from runtime import trainer
+        from texar_lite import optimization
+        from texar_lite.model import LanguageModel
+        self.plan = BatchPlan.from_config(config, ctx.size)
+        self.model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tuple(tf_ops))
+        optimizer = optimization.get_optimizer(config["opt"])
+        optimizer.build(self.model.trainable_variables)
+        ctx.broadcast_variables(list(self.model.variables) + list(optimizer.variables))
+        self.train_step = trainer.make_train_step(self.model, optimizer, config, ctx, self.plan, seed=1234)
+        self.batches = _batches(config, data_path, ctx.rank, ctx.size, self.plan.global_batch)
+        self.state = self.model.zero_state(self.plan.rows_per_rank)
+        self.epoch, self.no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
+
+    def run(self, count, first):
+        """Runs steps first .. first + count - 1 and returns each one's (start, end) in
+        wall-clock seconds (the clock of TensorFlow's profiler)."""
+        import tensorflow as tf
+        marks = []
+        for step in range(first, first + count):
+            x, y = next(self.batches)
+            start = time.time()
+            loss, self.state, _ = self.train_step(x, y, self.state, self.epoch, tf.constant(step, tf.int64),
+                                                  self.no_stop)
+            float(loss)  # the trainer reads the loss every step; so does the benchmark
+            marks.append((start, time.time()))
+        return marks
+
+
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
                      unsynced_rank=None):
@@ -184,29 +220,9 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     if distributed:
         hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
     intra, inter = context.configure_cpu_threads(ctx.local_size)
-    import tensorflow as tf
-
-    from runtime import trainer
-    from texar_lite import optimization
-    from texar_lite.model import LanguageModel
     config = config_lib.load_config(config_name, list(overrides))
-    plan = BatchPlan.from_config(config, ctx.size)
-    model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tf_ops)
-    optimizer = optimization.get_optimizer(config["opt"])
-    optimizer.build(model.trainable_variables)
-    ctx.broadcast_variables(list(model.variables) + list(optimizer.variables))
-    train_step = trainer.make_train_step(model, optimizer, config, ctx, plan, seed=1234)
-    batches = _batches(config, data_path, ctx.rank, ctx.size, plan.global_batch)
-    state = model.zero_state(plan.rows_per_rank)
-    epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
-
-    def run(count, first):
-        nonlocal state
-        for step in range(first, first + count):
-            x, y = next(batches)
-            loss, state, _ = train_step(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)
-            float(loss)  # the trainer reads the loss every step; so does the benchmark
-
+    steps_run = TrainSteps(config, ctx, data_path, tf_ops)
+    plan, model, run = steps_run.plan, steps_run.model, steps_run.run
     run(warmup, 0)
     if timeline and ctx.is_rank0:
         hvd.start_timeline(timeline)

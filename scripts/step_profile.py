@@ -79,33 +79,12 @@ def main(argv=None):
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from benchmarks.workers import _batches
-    from runtime import config as config_lib, trainer
-    from runtime.plan import BatchPlan
-    from texar_lite import optimization
-    from texar_lite.model import LanguageModel
+    from benchmarks.workers import TrainSteps
+    from runtime import config as config_lib
 
-    config = config_lib.load_config("config_small", [])
-    plan = BatchPlan.from_config(config, 1)
-    model = LanguageModel(config, config["vocab_size"], seed=1234, tf_ops=tuple(args.tf_ops))
-    optimizer = optimization.get_optimizer(config["opt"])
-    optimizer.build(model.trainable_variables)
-    train_step = trainer.make_train_step(model, optimizer, config, context.LocalContext(), plan, seed=1234)
-    batches = _batches(config, args.data_path, 0, 1, plan.global_batch)
-    state = model.zero_state(plan.rows_per_rank)
-    epoch, no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
-
-    def run(count, first):
-        """(start, end) wall-clock seconds of each step: the profiler's clock is the wall clock."""
-        nonlocal state
-        marks = []
-        for step in range(first, first + count):
-            x, y = next(batches)
-            start = time.time()
-            loss, state, _ = train_step(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)
-            float(loss)
-            marks.append((start, time.time()))
-        return marks
+    steps_run = TrainSteps(config_lib.load_config("config_small", []), context.LocalContext(), args.data_path,
+                           args.tf_ops)
+    run = steps_run.run
 
     @tf.function(autograph=False)
     def empty(x, y, state, epoch, step, stop):
@@ -114,9 +93,9 @@ def main(argv=None):
     run(args.warmup, 0)
     calls = []
     for step in range(200):
-        x, y = next(batches)
+        x, y = next(steps_run.batches)
         start = time.perf_counter()
-        float(empty(x, y, state, epoch, tf.constant(step, tf.int64), no_stop)[0])
+        float(empty(x, y, steps_run.state, steps_run.epoch, tf.constant(step, tf.int64), steps_run.no_stop)[0])
         calls.append(time.perf_counter() - start)
     plain = run(args.steps, args.warmup)
     logdir = tempfile.mkdtemp()
