@@ -55,7 +55,7 @@ ROW_LABELS = [
     ("small_loop", "small, the whole loop of lm_ptb.py (the step, batches, callbacks, progress bar, logs)"),
     ("small_inter1", "small, 1 process, TF_INTER_OP_PARALLELISM_THREADS=1"),
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
-    ("small_tf_ops_cell", "small, 1 process, the LSTM step as TF ops (no fused step kernel)"),
+    ("small_tf_ops_cell", "small, 1 process, the LSTM as TF ops (no fused LSTM kernel)"),
     ("small_bf16", "small, mixed_bfloat16"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),

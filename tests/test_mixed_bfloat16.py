@@ -37,7 +37,7 @@ def test_mixed_bfloat16_runs_the_tf_ops_cell():
     assert summary._lstm_cell(ops) == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
     with pytest.raises(ValueError) as err:
         OpChoice("CPU", "mixed_bfloat16", FUSED, "by hand", TF_OPS, "by hand")
-    assert str(err.value) == "the fused LSTM step is float32 only; precision mixed_bfloat16 needs the TF-ops cell"
+    assert str(err.value) == "the fused LSTM op is float32 only; precision mixed_bfloat16 needs the TF-ops cell"
 
 
 def test_mixed_bfloat16_trains_close_to_float32():

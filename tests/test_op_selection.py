@@ -282,7 +282,7 @@ def test_a_cpu_model_asked_for_tf_ops_runs_them_in_training_and_evaluation(tf_op
 
 
 @pytest.mark.parametrize("cell, loss, message", [
-    (FUSED, TF_OPS, "the fused LSTM step is a CPU kernel; device GPU needs the TF-ops cell"),
+    (FUSED, TF_OPS, "the fused LSTM op is a CPU kernel; device GPU needs the TF-ops cell"),
     (TF_OPS, FUSED, "the fused softmax loss is a CPU kernel; device GPU needs the TF-ops loss"),
 ])
 def test_a_choice_made_by_hand_for_gpu_cannot_name_a_fused_kernel(cell, loss, message):

@@ -57,7 +57,7 @@ class LSTMDecoder(tf.Module):
         if ops.precision not in PRECISIONS:
             raise ValueError(f"precision {ops.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if ops.fused_cell and FUSED_CELL is None:
-            raise ValueError(f"the fused LSTM step is not built ({kernels.library_path('lstm_cell')}): run make setup")
+            raise ValueError(f"the fused LSTM op is not built ({kernels.library_path('lstm_cell')}): run make setup")
         self.cell = FUSED_CELL if ops.fused_cell else TF_OPS_CELL
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
         # cell state, the gate nonlinearities and the logits stay fp32.

@@ -7,7 +7,7 @@ before the trainer builds the model, shows ops_for's answer for the same
 device and precision.
 
 The fused ops (texar_lite/kernels/*.cc) are CPU kernels only. Picked on a
-GPU, every LSTM step would run on the host with a copy of its inputs and
+GPU, every LSTM op would run on the host with a copy of its inputs and
 outputs each way, or fail to place. So the choice depends on the device the
 model runs on, not only on whether setup built the libraries:
 
@@ -71,9 +71,9 @@ class OpChoice:
 
     def __post_init__(self):
         if self.fused_cell and self.device_type != "CPU":
-            raise ValueError(f"the fused LSTM step is a CPU kernel; device {self.device_type} needs the TF-ops cell")
+            raise ValueError(f"the fused LSTM op is a CPU kernel; device {self.device_type} needs the TF-ops cell")
         if self.fused_cell and self.precision != "float32":
-            raise ValueError(f"the fused LSTM step is float32 only; precision {self.precision} needs the TF-ops cell")
+            raise ValueError(f"the fused LSTM op is float32 only; precision {self.precision} needs the TF-ops cell")
         if self.fused_loss and self.device_type != "CPU":
             raise ValueError(f"the fused softmax loss is a CPU kernel; device {self.device_type} needs the TF-ops "
                              "loss")
