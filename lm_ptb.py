@@ -15,7 +15,7 @@ def main(argv=None, callbacks=()):
     """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
     args = cli.parse_args(argv, distributed=False)
     from runtime import context, job  # TensorFlow loads here, once the arguments are read
-    intra, inter = context.configure_cpu_threads(local_size=1)
+    intra, inter = context.configure_cpu_threads(local_size=1, row_groups=args.row_groups)
     device = "GPU:0" if context.pin_gpu(local_rank=0) else "CPU"
     ctx = context.LocalContext()
     return job.run(args, ctx, intra, inter, device, callbacks)

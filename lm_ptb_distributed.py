@@ -22,7 +22,7 @@ def main(argv=None, callbacks=()):
     hvd.init()
     cli.check_world_size(hvd.size())  # Horovod: 1. Never train N copies of a world of one.
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
-    intra, inter = context.configure_cpu_threads(local_size=hvd.local_size())
+    intra, inter = context.configure_cpu_threads(local_size=hvd.local_size(), row_groups=args.row_groups)
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
     # Horovod: 3-4. The context averages gradients; the loop starts every rank from rank 0's weights.
     ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)

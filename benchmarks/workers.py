@@ -171,7 +171,7 @@ class TrainSteps:
     broadcast over ctx, and fed this rank's windows of data_path's PTB (random ids
     without it), as train_and_evaluate runs it."""
 
-    def __init__(self, config, ctx, data_path, tf_ops=()):
+    def __init__(self, config, ctx, data_path, tf_ops=(), row_groups=1):
         import tensorflow as tf
 
         from runtime import trainer
@@ -182,7 +182,8 @@ class TrainSteps:
         optimizer = optimization.get_optimizer(config["opt"])
         optimizer.build(self.model.trainable_variables)
         ctx.broadcast_variables(list(self.model.variables) + list(optimizer.variables))
-        self.train_step = trainer.make_train_step(self.model, optimizer, config, ctx, self.plan, seed=1234)
+        self.train_step = trainer.make_train_step(self.model, optimizer, config, ctx, self.plan, seed=1234,
+                                                  row_groups=row_groups)
         self.batches = _batches(config, data_path, ctx.rank, ctx.size, self.plan.global_batch)
         self.state = self.model.zero_state(self.plan.rows_per_rank)
         self.epoch, self.no_stop = tf.constant(0, tf.int64), tf.constant(0.0)
@@ -204,7 +205,7 @@ class TrainSteps:
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
-                     unsynced_rank=None):
+                     unsynced_rank=None, row_groups=1):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
@@ -219,9 +220,9 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     horovod_threads = []
     if distributed:
         hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
-    intra, inter = context.configure_cpu_threads(ctx.local_size)
+    intra, inter = context.configure_cpu_threads(ctx.local_size, row_groups)
     config = config_lib.load_config(config_name, list(overrides))
-    steps_run = TrainSteps(config, ctx, data_path, tf_ops)
+    steps_run = TrainSteps(config, ctx, data_path, tf_ops, row_groups)
     plan, model, run = steps_run.plan, steps_run.model, steps_run.run
     run(warmup, 0)
     if timeline and ctx.is_rank0:

@@ -52,6 +52,9 @@ def build_parser(distributed):
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
     parser.add_argument("--checkpoint_every", type=int, default=defaults.checkpoint_every, metavar="STEPS",
                         help="also save a checkpoint every STEPS steps inside an epoch (0 = at epoch ends only)")
+    parser.add_argument("--row_groups", type=int, default=defaults.row_groups, metavar="N",
+                        help="run the rank's rows as N independent groups side by side, each op on one thread, "
+                             "instead of splitting every op over the threads (BENCHMARKS.md has the measurements)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
     if distributed:
         group = parser.add_argument_group("Horovod")

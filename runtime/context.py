@@ -213,15 +213,21 @@ def set_horovod_tuning():
         os.environ.setdefault(key, value)
 
 
-def configure_cpu_threads(local_size):
+def configure_cpu_threads(local_size, row_groups=1):
     """Splits the host's cores between the ranks on it; returns (intra, inter).
 
+    With row_groups > 1 (--row_groups) a rank's cores go to its row groups,
+    which run side by side as independent ops: each op gets its group's share
+    of the cores, and there are as many inter-op threads as groups.
     TF_INTRA_OP_PARALLELISM_THREADS and TF_INTER_OP_PARALLELISM_THREADS
     override the split, as in DeePMD-kit. Must run before TensorFlow starts.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    intra = int(os.environ.get("TF_INTRA_OP_PARALLELISM_THREADS", max(1, cores // max(1, local_size))))
-    inter = int(os.environ.get("TF_INTER_OP_PARALLELISM_THREADS", 1 if local_size > 1 else 2))
+    per_rank = max(1, cores // max(1, local_size))
+    groups = max(1, row_groups)  # runtime/job.py refuses fewer than 1, once the run's log is set up
+    default_inter = max(2, groups) if local_size == 1 else groups
+    intra = int(os.environ.get("TF_INTRA_OP_PARALLELISM_THREADS", max(1, per_rank // groups)))
+    inter = int(os.environ.get("TF_INTER_OP_PARALLELISM_THREADS", default_inter))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
     return intra, inter

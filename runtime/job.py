@@ -18,7 +18,7 @@ from runtime.cli import error_line
 from runtime.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
-from runtime.plan import check_plan
+from runtime.plan import BatchPlan, check_plan
 
 
 def weight_count(config, vocab_size):
@@ -56,11 +56,14 @@ def _prepare(args, ctx):
     options = RunOptions(
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        checkpoint_every=args.checkpoint_every)
+        checkpoint_every=args.checkpoint_every, row_groups=args.row_groups)
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
     if args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint_every {args.checkpoint_every}: give a number of steps (0 = at epoch ends only)")
+    rows = BatchPlan.from_config(config, ctx.size).rows_per_rank
+    if not 1 <= args.row_groups <= rows:
+        raise UsageError(f"--row_groups {args.row_groups}: give 1 to {rows}, the rows each rank trains on")
     if args.commit_every < 1:
         raise UsageError(f"--commit_every {args.commit_every}: give a number of steps of at least 1")
     if ctx.elastic and all(key in os.environ for key in context.HOROVOD_TUNING):

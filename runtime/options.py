@@ -17,3 +17,4 @@ class RunOptions:
     checkpoint_every: int = 0         # also save a checkpoint every N steps inside an epoch (0 = at epoch ends only)
     device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)
     cpu_threads: tuple = (0, 0)       # TensorFlow's (intra-op, inter-op) threads, for the log
+    row_groups: int = 1               # the rank's rows run as this many independent groups (runtime/trainer.py)

@@ -8,7 +8,7 @@ from texar_lite import kernels
 log = logging.getLogger("lm_ptb")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions, ops):
+def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, row_groups=1):
     """DeePMD-kit style block: where and how this run trains. ops: the op_selection.OpChoice
     of the model it trains (which holds the precision). Collective: call on every rank."""
     # An elastic worker may join a running world: no collective before training.
@@ -26,6 +26,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops):
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
+        ("row groups", row_groups),
         ("precision", _precision(ops.precision)),
         ("LSTM cell", _lstm_cell(ops)),
         ("softmax loss", _softmax_loss(ops)),

@@ -45,23 +45,41 @@ class _TensorBoard:
         self.writer.flush()
 
 
+def row_slices(rows, row_groups):
+    """(first, last) of each of row_groups groups of `rows` rows, as even as can be; at
+    most one group per row (an elastic world may re-form with fewer rows per rank)."""
+    groups = min(row_groups, rows)
+    return [(rows * group // groups, rows * (group + 1) // groups) for group in range(groups)]
+
+
 # The steps are traced with autograph off. Their Python has no branch or loop
 # on a tensor, so the graph is the same, but autograph would rewrite every
 # function they call, Horovod's tape and collectives included, at a cost in
 # CPU at each rank's first step (tests/test_op_selection.py checks that the
 # graph is unchanged).
-def make_train_step(model, optimizer, config, ctx, plan, seed):
+def make_train_step(model, optimizer, config, ctx, plan, seed, row_groups=1):
+    """The step: forward, backward and update on this rank's rows. With row_groups > 1
+    the rows run as that many independent groups (at most one per row), which the
+    executor runs side by side; their gradients meet in the variables' sums."""
     variables = model.trainable_variables
     opt_hparams = config["opt"]
+    rows = plan.rows_per_rank
+    groups = row_slices(rows, row_groups)
 
     @tf.function(autograph=False)
     def train_step(x, y, state, epoch, step, stop_flag):
         inputs, targets = tf.transpose(x), tf.transpose(y)
-        dropout = RowDropout(seed, epoch, step, ctx.rank * plan.rows_per_rank, plan.global_batch)
         with tf.GradientTape() as tape:
-            logits, new_state = model(inputs, state, dropout)
-            summed_loss = sequence_sparse_softmax_cross_entropy(targets, logits, time_major=True,
-                                                                average_across_batch=False, ops=model.ops)
+            losses, states = [], []
+            for first, last in groups:
+                # Masks keyed by the global row, so a group drops what the whole batch would.
+                dropout = RowDropout(seed, epoch, step, ctx.rank * rows + first, plan.global_batch)
+                logits, group_state = model(inputs[:, first:last], state[:, :, first:last], dropout)
+                losses.append(sequence_sparse_softmax_cross_entropy(targets[:, first:last], logits, time_major=True,
+                                                                    average_across_batch=False, ops=model.ops))
+                states.append(group_state)
+            summed_loss = tf.add_n(losses)
+            new_state = tf.concat(states, 2)
         tape = ctx.wrap_tape(tape)
         grads = tape.gradient(summed_loss, variables)
         # Texar's loss averages over the batch; the 1/rows joins the update.
@@ -75,12 +93,17 @@ def make_train_step(model, optimizer, config, ctx, plan, seed):
     return train_step
 
 
-def make_eval_step(model):
+def make_eval_step(model, row_groups=1):
+    """Summed NLL of a batch and the new state; row_groups as in make_train_step."""
     @tf.function(autograph=False)
     def eval_step(x, y, state):
-        logits, new_state = model(tf.transpose(x), state)
-        nll = token_cross_entropy(tf.transpose(y), logits, ops=model.ops)
-        return tf.reduce_sum(tf.cast(nll, tf.float64)), new_state
+        sums, states = [], []
+        for first, last in row_slices(x.shape[0], row_groups):
+            logits, group_state = model(tf.transpose(x[first:last]), state[:, :, first:last])
+            nll = token_cross_entropy(tf.transpose(y[first:last]), logits, ops=model.ops)
+            sums.append(tf.reduce_sum(tf.cast(nll, tf.float64)))
+            states.append(group_state)
+        return tf.add_n(sums), tf.concat(states, 2)
 
     return eval_step
 
@@ -140,7 +163,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     # Different seeds per rank on purpose: only rank 0's start, shared below,
     # makes the ranks agree, and a test checks that it does.
     model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
-    summary.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops)
+    summary.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops, opts.row_groups)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,
@@ -176,7 +199,7 @@ class TrainingLoop:
         self.model, self.optimizer, self.checkpoint = model, optimizer, checkpoint
         self.hooks = CallbackList(callbacks)
         self.init_digest = weights_digest(model.trainable_variables)
-        self.eval_step = make_eval_step(model)
+        self.eval_step = make_eval_step(model, opts.row_groups)
         self.board = None
         self.valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
 
@@ -200,7 +223,8 @@ class TrainingLoop:
             self._write_metrics(position.metrics)
             if self.board is None:
                 self.board = _TensorBoard(os.path.join(self.opts.output_dir, "tensorboard"))
-        train_step = make_train_step(self.model, self.optimizer, config, ctx, plan, self.opts.seed)
+        train_step = make_train_step(self.model, self.optimizer, config, ctx, plan, self.opts.seed,
+                                     self.opts.row_groups)
         self.hooks.begin(ctx.rank, ctx.size, position.epoch, position.step)
         # Held through the test evaluation too: a signal after the last step
         # finds no step to stop at, and the run ends as it would have.

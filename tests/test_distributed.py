@@ -124,6 +124,15 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
     assert _results(single_run)["eval_tokens_per_rank"] == [_valid_tokens(data)]
 
 
+def test_two_ranks_in_row_groups_match_one_process(tmp_path, synthetic_corpus, single_run):
+    # Each rank's 10 rows as 2 groups of 5: the dropout rows and the gradient
+    # sums cross both the ranks and the groups.
+    data, _ = synthetic_corpus
+    result = mpirun(2, _args(data, tmp_path, "--row_groups", "2"), hooks=_recorded(tmp_path))
+    assert result.returncode == 0, result.stderr
+    _assert_same_training(single_run, tmp_path)
+
+
 def test_horovodrun_gloo_matches_one_process(tmp_path, synthetic_corpus, single_run):
     data, _ = synthetic_corpus
     horovodrun = os.path.join(os.path.dirname(PYTHON), "horovodrun")

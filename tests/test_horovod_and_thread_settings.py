@@ -144,3 +144,14 @@ def test_thread_variables_override_one_process(tmp_path, synthetic_corpus):
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^\S+ intra/inter threads\s+3/5$", result.stdout, re.M), result.stdout[-3000:]
     assert "rank -: TensorFlow threads 3/5\n" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_row_groups_take_the_cores_as_inter_op_threads(tmp_path, synthetic_corpus):
+    # Each group's ops get the group's share of the cores; the groups run side by side.
+    cores = len(os.sched_getaffinity(0))
+    result = run_command([PYTHON, "-c", DRIVER, "lm_ptb", *train_args(synthetic_corpus[0], tmp_path),
+                          "--row_groups", "2"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^\S+ row groups\s+2$", result.stdout, re.M), result.stdout[-3000:]
+    assert f"rank -: TensorFlow threads {max(1, cores // 2)}/2\n" in result.stdout
