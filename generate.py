@@ -11,11 +11,11 @@ import argparse
 import sys
 
 import numpy as np
-import tensorflow as tf
 
 from ptb_reader import EOS, UNK
-from runtime import inference
+from runtime import inference  # before TensorFlow: runtime keeps its start-up notices off stderr
 from runtime.errors import UsageError
+import tensorflow as tf
 
 
 def _sample(logits, temperature, rng):

@@ -196,7 +196,7 @@ class TrainSteps:
         for step in range(first, first + count):
             x, y = next(self.batches)
             start = time.time()
-            loss, self.state, _ = self.train_step(x, y, self.state, self.epoch, tf.constant(step, tf.int64),
+            loss, self.state, _ = self.train_step(x.T, y.T, self.state, self.epoch, tf.constant(step, tf.int64),
                                                   self.no_stop)
             float(loss)  # the trainer reads the loss every step; so does the benchmark
             marks.append((start, time.time()))

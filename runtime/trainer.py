@@ -66,9 +66,11 @@ def make_train_step(model, optimizer, config, ctx, plan, seed, row_groups=1):
     rows = plan.rows_per_rank
     groups = row_slices(rows, row_groups)
 
+    # inputs and targets are time-major token ids, [num_steps, rows]: the
+    # reader's windows transposed as NumPy arrays, since an int32 transpose in
+    # the graph makes TensorFlow's oneDNN layout pass log a false error.
     @tf.function(autograph=False)
-    def train_step(x, y, state, epoch, step, stop_flag):
-        inputs, targets = tf.transpose(x), tf.transpose(y)
+    def train_step(inputs, targets, state, epoch, step, stop_flag):
         with tf.GradientTape() as tape:
             losses, states = [], []
             for first, last in groups:
@@ -94,13 +96,13 @@ def make_train_step(model, optimizer, config, ctx, plan, seed, row_groups=1):
 
 
 def make_eval_step(model, row_groups=1):
-    """Summed NLL of a batch and the new state; row_groups as in make_train_step."""
+    """Summed NLL of a batch and the new state; time-major ids and row_groups as in make_train_step."""
     @tf.function(autograph=False)
-    def eval_step(x, y, state):
+    def eval_step(inputs, targets, state):
         sums, states = [], []
-        for first, last in row_slices(x.shape[0], row_groups):
-            logits, group_state = model(tf.transpose(x[first:last]), state[:, :, first:last])
-            nll = token_cross_entropy(tf.transpose(y[first:last]), logits, ops=model.ops)
+        for first, last in row_slices(inputs.shape[1], row_groups):
+            logits, group_state = model(inputs[:, first:last], state[:, :, first:last])
+            nll = token_cross_entropy(targets[:, first:last], logits, ops=model.ops)
             sums.append(tf.reduce_sum(tf.cast(nll, tf.float64)))
             states.append(group_state)
         return tf.add_n(sums), tf.concat(states, 2)
@@ -113,7 +115,7 @@ def _score(eval_step, model, data, batch_size, num_steps, rank, size, progress):
     state = model.zero_state(batch_size // size)
     total, tokens = 0.0, 0
     for x, y in ptb_reader.ptb_iterator(data, batch_size, num_steps, rank, size):
-        nll, state = eval_step(x, y, state)
+        nll, state = eval_step(x.T, y.T, state)
         total += float(nll)
         tokens += y.size
         progress()
@@ -277,7 +279,7 @@ class TrainingLoop:
                 continue
             self.hooks.before_step(epoch, step)
             self.hooks.before_step_collectives(epoch, step)
-            loss, state, stop = train_step(x, y, state, epoch_t, tf.constant(step, tf.int64),
+            loss, state, stop = train_step(x.T, y.T, state, epoch_t, tf.constant(step, tf.int64),
                                            stop_flags[bool(signals.received)])
             loss = float(loss)
             # Past ~709 nats per token the perplexity overflows a float:

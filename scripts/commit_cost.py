@@ -51,7 +51,7 @@ def measure(config_name, steps, hvd):
     optimizer.build(model.trainable_variables)
     train_step = make_train_step(model, optimizer, config, ctx, plan, seed=1)
     rng = np.random.default_rng(1)
-    shape = (plan.rows_per_rank, config["num_steps"])
+    shape = (config["num_steps"], plan.rows_per_rank)  # time-major
     x, y = rng.integers(0, VOCAB, shape), rng.integers(0, VOCAB, shape)
     state = model.zero_state(plan.rows_per_rank)
     zero = tf.constant(0, tf.int64)

@@ -26,7 +26,8 @@ HOOKED_ENTRY = os.path.join(ROOT, "tests", "hooked_entry.py")
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH",
           "-mca", "pml", "ob1", "-mca", "btl", "tcp,self", "-mca", "mpi_yield_when_idle", "1"]
-QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+# No TF_CPP_MIN_LOG_LEVEL: the scripts must keep TensorFlow's notices off stderr by themselves.
+RUN_ENV = {"PYTHONUNBUFFERED": "1"}
 # The README's command for real hosts, less the host list.
 CLUSTER_MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
                   "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
@@ -62,6 +63,15 @@ def cluster(make_cluster):
     return make_cluster()
 
 
+@pytest.fixture(params=["onednn_on", "onednn_off"])
+def onednn(request, monkeypatch):
+    """TensorFlow's oneDNN on, then off, for the processes the test starts. On, every
+    x86 CPU prints the start-up notices that CPUs with AVX512_VNNI, AVX512_BF16 or
+    AMX print by default, so a test of what stderr holds sees what their users see."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1" if request.param == "onednn_on" else "0")
+    return request.param == "onednn_on"
+
+
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory):
     """A small synthetic PTB-format corpus and its true perplexity."""
@@ -78,7 +88,7 @@ def run_command(cmd, timeout, env=None, cwd=ROOT):
     killed when it ends or times out, and one still alive 5 s after the
     launcher returned fails the test (harness/launch.py).
     """
-    outcome = run_bounded(cmd, timeout, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=cwd)
+    outcome = run_bounded(cmd, timeout, env=dict(os.environ, **RUN_ENV, **(env or {})), cwd=cwd)
     if outcome.timed_out:
         pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(map(str, cmd))}\n"
                     f"stdout: {outcome.stdout[-3000:]}\nstderr: {outcome.stderr[-3000:]}")
@@ -131,7 +141,7 @@ def run_with_actions(cmd, actions, timeout, workdir, env=None):
 
     The whole run, waits included, is bounded by `timeout` seconds.
     """
-    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=ROOT, workdir=str(workdir))
+    launch = Launch(cmd, env=dict(os.environ, **RUN_ENV, **(env or {})), cwd=ROOT, workdir=str(workdir))
     deadline = time.monotonic() + timeout
     try:
         for number, (ready, act) in enumerate(actions, 1):

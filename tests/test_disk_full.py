@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, ROOT, checkpoint_position, error_lines, latest_checkpoint, lm_ptb
+from conftest import PYTHON, RUN_ENV, ROOT, checkpoint_position, error_lines, latest_checkpoint, lm_ptb
 from failure_helpers import assert_one_clean_error, record, timed, tiny
 from harness.launch import Launch
 
@@ -62,7 +62,7 @@ def test_disk_full_mid_training_keeps_the_last_checkpoint(tmpfs, synthetic_corpu
     out = disk / "out"
     args = tiny(synthetic_corpus[0], out, "--keep_checkpoints", "1", epochs=500)
     cmd = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args]
-    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT, workdir=str(disk.parent / "full"))
+    launch = Launch(cmd, env=dict(os.environ, **RUN_ENV), cwd=ROOT, workdir=str(disk.parent / "full"))
     try:
         deadline = time.monotonic() + 90
         while not (out / "checkpoints" / "checkpoint").exists():

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
+from conftest import PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
 from hooks import losses_by_rank, recorded_steps, taken
 from test_network_faults import rank_pid, record
 
@@ -52,7 +52,7 @@ def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hoo
            "--max-np", str(max(2, len(hosts))),
            "--host-discovery-script", f"{DISCOVER} {hosts_file}", *horovodrun_flags,
            *entry("lm_ptb_distributed.py", hooks), *train_args(corpus, out, epochs, elastic=True), *extra]
-    return cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
+    return cluster.start("host1", cmd, env=dict(os.environ, **RUN_ENV), cwd=ROOT)
 
 
 def wait_for(launch, pattern, count=1, seconds=150):
@@ -105,7 +105,7 @@ def resumed_losses(corpus, tmp_path, source, number, epochs, cluster=None):
         launch = cluster.start("host1", [HOROVODRUN, "--gloo", "--network-interface", "eth0", "-np", "2",
                                          "-H", "host1:1,host2:1", *entry("lm_ptb_distributed.py", recorded(out)),
                                          *args],
-                               env=dict(os.environ, **QUIET_ENV), cwd=ROOT)
+                               env=dict(os.environ, **RUN_ENV), cwd=ROOT)
         outcome = finish(cluster, launch, 300)
         assert outcome.returncode == 0, outcome.stderr[-3000:]
     by_rank = losses_by_rank(os.path.join(str(out), "steps"), schedule(epochs)[number:])

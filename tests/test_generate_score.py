@@ -118,7 +118,7 @@ def test_unfinished_run_scores_with_its_config(run, tmp_path, capsys):
 
 
 @pytest.mark.timeout(90)
-def test_score_cli_missing_file_is_one_line(run, tmp_path):
+def test_score_cli_missing_file_is_one_line(run, tmp_path, onednn):
     missing = str(tmp_path / "nope.txt")
     proc = run_command([PYTHON, os.path.join(ROOT, "score.py"), "--output_dir", run[0], "--data_path", run[1],
                         "--file", missing], timeout=80)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, latest_checkpoint
+from conftest import PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, latest_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,7 +48,7 @@ def test_a_kill_while_saving_leaves_the_previous_checkpoint_loadable(tmp_path):
         # Later attempts number their checkpoints on from attempt x 100000, as a resumed run would continue.
         first_number = attempt * 100000
         cmd = [PYTHON, "-c", SAVE_LOOP, TINY_CONFIG, str(out), str(first_number)]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **QUIET_ENV, PYTHONPATH=ROOT),
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, **RUN_ENV, PYTHONPATH=ROOT),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             head = [proc.stdout.readline().strip() for _ in range(2)]

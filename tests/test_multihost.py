@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG
+from conftest import CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster_elastic")]
 STEPS = 20
@@ -18,7 +18,7 @@ def train(corpus, out, *extra):
 
 
 def run(cluster, cmd):
-    outcome = cluster.start("host1", cmd, env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(240)
+    outcome = cluster.start("host1", cmd, env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(240)
     assert not outcome.timed_out and outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.left_behind == [] and cluster.left_after(10) == []
     return outcome

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import synthetic_ptb
-from conftest import (CLUSTER_MPIRUN, PYTHON, QUIET_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
+from conftest import (CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
                       latest_checkpoint)
 
 HANG_TIMEOUT_S = 15
@@ -114,7 +114,7 @@ def strike(hosts, launcher, args, when, fault, case, release=None):
     """Runs launcher+args on host1, applies fault(hosts) once its output matches every
     pattern of `when`, creates `release` (letting paused ranks go on), and returns
     (outcome, seconds from the fault to the end, processes left)."""
-    launch = hosts.start("host1", [*launcher, *args], env=dict(os.environ, **QUIET_ENV, **GLOO_ENV), cwd=ROOT)
+    launch = hosts.start("host1", [*launcher, *args], env=dict(os.environ, **RUN_ENV, **GLOO_ENV), cwd=ROOT)
     try:
         deadline = time.monotonic() + 150
         while not all(re.search(w, launch.stdout() + launch.stderr()) for w in when):
@@ -172,10 +172,10 @@ def test_a_cut_link_mid_epoch_ends_the_job_and_resume_continues_exactly(cluster,
           f"--hang_timeout {HANG_TIMEOUT_S}", code=-signal.SIGKILL)
     cluster.heal("host2")
     resumed = cluster.start("host1", [*MPIRUN, *train_args(corpus, out, "--resume", epochs=2)],
-                            env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(150)
+                            env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(150)
     assert resumed.returncode == 0 and not resumed.left_behind, resumed.stderr[-3000:]
     whole = cluster.start("host1", [*MPIRUN, *train_args(corpus, tmp_path / "whole", epochs=2)],
-                          env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(150)
+                          env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(150)
     assert whole.returncode == 0, whole.stderr[-3000:]
     after = json.loads((out / "results.json").read_text())
     reference = json.loads((tmp_path / "whole" / "results.json").read_text())
@@ -319,7 +319,7 @@ def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, longer_valid_c
     args = train_args(longer_valid_corpus, out, epochs=1)
     args[args.index("--hang_timeout") + 1] = "10"
     args[args.index("--max_steps_per_epoch") + 1] = "40"
-    outcome = cluster.start("host1", [*MPIRUN, *args], env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(200)
+    outcome = cluster.start("host1", [*MPIRUN, *args], env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(200)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.left_behind == []
     assert json.loads((out / "results.json").read_text())["epochs"] == 1
@@ -339,7 +339,7 @@ def test_hosts_that_share_a_host_name_never_trip_the_watchdog(make_cluster, synt
     args = train_args(synthetic_corpus[0], out, "-m", "collect", epochs=2)
     args[args.index("--hang_timeout") + 1] = "5"
     args[args.index("--max_steps_per_epoch") + 1] = "0"  # 1000 steps an epoch
-    outcome = hosts.start("host1", [*MPIRUN, *args], env=dict(os.environ, **QUIET_ENV), cwd=ROOT).finish(200)
+    outcome = hosts.start("host1", [*MPIRUN, *args], env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(200)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.left_behind == [] and hosts.left_after(10) == []
     names = re.findall(r"\[rank (\d)\] this host +(\S+)", outcome.stdout + outcome.stderr)

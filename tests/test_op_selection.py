@@ -228,7 +228,7 @@ def _traced_op_counts(device, tf_ops=()):
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     train_step = make_train_step(model, optimizer, config, LocalContext(), BatchPlan.from_config(config, 1), 1)
-    ids = tf.TensorSpec([4, 3], tf.int32)
+    ids = tf.TensorSpec([3, 4], tf.int32)  # time-major: 3 steps of 4 rows
     state = tf.TensorSpec([2, 2, 4, 64], tf.float32)
     scalar = tf.TensorSpec([], tf.int64)
     graphs = [train_step.get_concrete_function(ids, ids, state, scalar, scalar, tf.TensorSpec([], tf.float32)),

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import MPIRUN, PYTHON, QUIET_ENV, ROOT, checkpoint_position, latest_checkpoint
+from conftest import MPIRUN, PYTHON, RUN_ENV, ROOT, checkpoint_position, latest_checkpoint
 from failure_helpers import EXIT_BOUND_S, GLOO_ENV, HOROVODRUN_2, record, tiny
 from harness.launch import Launch
 
@@ -27,7 +27,7 @@ def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
     """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit).
 
     Whatever of the run is left when it ends or times out is killed (harness/launch.py)."""
-    launch = Launch(cmd, env=dict(os.environ, **QUIET_ENV, **(env or {})), cwd=ROOT, workdir=str(logdir))
+    launch = Launch(cmd, env=dict(os.environ, **RUN_ENV, **(env or {})), cwd=ROOT, workdir=str(logdir))
     deadline = time.monotonic() + timeout
     try:
         while not re.search(pattern, launch.stdout()):

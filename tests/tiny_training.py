@@ -28,7 +28,7 @@ def train_tiny(precision, steps=4, initial=None):
     losses = []
     for i in range(steps):
         x = rng.integers(0, 200, size=(config["batch_size"], config["num_steps"])).astype(np.int32)
-        loss, state, _ = step(x, np.roll(x, -1, axis=1), state, tf.constant(0, tf.int64),
+        loss, state, _ = step(x.T, np.roll(x, -1, axis=1).T, state, tf.constant(0, tf.int64),
                               tf.constant(i, tf.int64), tf.constant(0.0))
         losses.append(float(loss))
     return losses, model
