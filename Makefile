@@ -5,8 +5,10 @@
 # make bench  the speed benchmark (writes BENCHMARKS.md); builds .venv-torch for the PyTorch reference
 PY := .venv/bin/python
 # LD_LIBRARY_PATH only when set: an unset one makes mpirun warn before the run's first line.
+# One host: shared memory between the ranks (vader, which Open MPI 5 calls sm and still
+# accepts), no network, so no interface or address family can get in the way.
 MPIRUN := mpirun --allow-run-as-root --oversubscribe -bind-to none -map-by slot \
-	-x PATH$(if $(LD_LIBRARY_PATH), -x LD_LIBRARY_PATH) -mca pml ob1 -mca btl tcp,self
+	-x PATH$(if $(LD_LIBRARY_PATH), -x LD_LIBRARY_PATH) -mca pml ob1 -mca btl self,vader
 SYNTH := data/synthetic
 TORCH_VENV := .venv-torch
 

@@ -1,7 +1,7 @@
 """Train the Zaremba LSTM language model on PTB data-parallel with Horovod.
 
     mpirun -np 2 -H host1:1,host2:1 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH \
-        -mca pml ob1 -mca btl tcp,self python lm_ptb_distributed.py --config config_small
+        -mca pml ob1 -mca btl tcp,self -mca btl_tcp_disable_family 6 python lm_ptb_distributed.py --config config_small
     horovodrun -np 2 -H host1:1,host2:1 python lm_ptb_distributed.py --config config_small
 
 Without a launcher it trains serially (world size 1). The loop is

@@ -1,5 +1,6 @@
 """The analytic model of the training step: matmul FLOPs, the bytes a rank sends, and a predicted step
 time at more ranks. Pure arithmetic on a config; the report and scripts/cluster_step.py use it."""
+from texar_lite.sizes import weight_count
 
 
 def analytic_flops(config, vocab_size=10000):
@@ -22,12 +23,9 @@ def analytic_flops(config, vocab_size=10000):
 
 def gradient_bytes(config, vocab_size=10000, ranks=1):
     """Bytes one rank contributes per step: (dense allreduce, embedding rows allgathered)."""
-    units, emb, layers = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"], config["cell"]["num_layers"]
-    dense = 0
-    for layer in range(layers):
-        in_size = emb if layer == 0 else units
-        dense += (in_size + units) * 4 * units + 4 * units
-    dense += units * vocab_size + vocab_size
+    # Every weight but the embedding's, whose gradient is the rows a step looked up.
+    dense = weight_count(config, vocab_size, embedding=False)
+    emb = config["emb"]["dim"]
     rows = config["batch_size"] * config["num_steps"]
     if config["batch_mode"] == "global":
         rows //= ranks

@@ -28,7 +28,7 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none"
 # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning
 # on it, which with ranks sharing cores is the core its peer needs (a lever row
 # measures it off).
-MCA = {"pml": "ob1", "btl": "tcp,self", "mpi_yield_when_idle": "1"}
+MCA = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_disable_family": "6", "mpi_yield_when_idle": "1"}
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")  # the team's data and reference, beside the clone
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", os.path.join(ROOT, ".venv-torch", "bin", "python"))
 TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", os.path.join(SHARED, "bench", "torch_ref_lm.py"))

@@ -7,7 +7,9 @@
 Each host runs a real OpenSSH server on its own address, in a UTS namespace
 of its own with its own host name (the same name on every host, with
 `names`, as cloned VMs have), an /etc/hosts naming every host (`ip netns
-exec` bind-mounts /etc/netns/NS/hosts over it) and its own Open MPI session
+exec` bind-mounts /etc/netns/NS/hosts over it; with `loopback_name`, each
+host's own name maps to 127.0.1.1 there, as Debian's installer writes it)
+and its own Open MPI session
 directory (sshd's SetEnv). mpirun's and horovodrun's own ssh launchers start
 the remote ranks through OpenSSH's client. The cluster's key and client
 options come in through `ssh` first on PATH, which runs /usr/bin/ssh with the
@@ -120,13 +122,14 @@ class Cluster:
     """`hosts` namespace hosts, host1, host2, ...; `names` gives their UTS host names
     (by default their own)."""
 
-    def __init__(self, hosts, workdir, names=None):
+    def __init__(self, hosts, workdir, names=None, loopback_name=False):
         self.token = uuid.uuid4().hex[:TOKEN_LEN]
         os.makedirs(OWNERS, exist_ok=True)
         with open(os.path.join(OWNERS, self.token), "w") as f:
             f.write(str(os.getpid()))
         self.hosts = [f"host{i + 1}" for i in range(hosts)]
         self.names = dict(zip(self.hosts, names or self.hosts))
+        self.loopback_name = loopback_name
         self.workdir = str(workdir)
         self.switch = f"{PREFIX}{self.token}sw"
         self.namespaces = {host: f"{PREFIX}{self.token}{host}" for host in self.hosts}
@@ -147,8 +150,10 @@ class Cluster:
         _ip("netns", "add", self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
-        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{self.addresses[h]} {h}\n" for h in self.hosts)
         for i, host in enumerate(self.hosts):
+            own = f"127.0.1.1 {self.names[host]}\n" if self.loopback_name else ""
+            hosts_file = "127.0.0.1 localhost\n" + own + "".join(
+                f"{self.addresses[h]} {h}\n" for h in self.hosts if not (self.loopback_name and h == host))
             ns, port = self.namespaces[host], self.ports[host]
             _ip("netns", "add", ns)
             inner = f"{PREFIX}{self.token}e{i + 1}"

@@ -5,7 +5,7 @@ Killing the launcher's process group is not enough: Open MPI gives each rank a
 group of its own, horovodrun starts its workers in new sessions, and a rank
 whose launcher died is adopted by init. So every process started here carries
 a tag in its environment (launchers hand their environment on to the ranks,
-also through the ssh stand-in of tests/cluster.py), and the cleanup kills every
+also through the ssh of harness/cluster.py), and the cleanup kills every
 process on the machine whose environment holds the tag.
 """
 import dataclasses

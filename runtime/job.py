@@ -19,14 +19,7 @@ from runtime.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigErro
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan, check_plan
-
-
-def weight_count(config, vocab_size):
-    """The model's weights: the embedding, each LSTM layer's kernel and bias (the first
-    layer's input is the embedding) and the softmax layer."""
-    units, dim, layers = config["cell"]["kwargs"]["num_units"], config["emb"]["dim"], config["cell"]["num_layers"]
-    lstm = sum(4 * units * ((dim if layer == 0 else units) + units + 1) for layer in range(layers))
-    return vocab_size * dim + lstm + (units + 1) * vocab_size
+from texar_lite.sizes import weight_count
 
 
 def check_output_dir(path, config, vocab_size, keep):

@@ -5,15 +5,21 @@ workers  every rank logs, each line prefixed with its rank; with --log-path,
          rank k writes its own file, PATH for rank 0 and PATH.rank<k> for the rest.
 collect  every rank's lines reach rank 0, which prints and files them, each
          prefixed with its rank. They travel over a TCP connection to rank 0,
-         so this works across hosts too.
+         so this works across hosts too. Rank 0 sends its interfaces' addresses
+         to the others with the collective that starts collect mode: no name
+         lookup is involved, so hosts whose names do not resolve, resolve to a
+         loopback address (Debian's 127.0.1.1) or are all alike still connect.
 """
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
 
 import tqdm
+
+from faults.watchdog import local_addresses, machine_identity
 
 log = logging.getLogger("lm_ptb")
 MODES = ("master", "workers", "collect")
@@ -57,10 +63,13 @@ class _SocketLineHandler(logging.Handler):
 
 
 class _Collector:
-    """Rank 0's side of collect mode: one thread per connected rank."""
+    """Rank 0's side of collect mode: one thread per connected rank. A rank first
+    sends the run's token, and hears it back: a connection to anything else, a
+    listener of another run on the same port, say, is dropped by both sides."""
 
     def __init__(self, handlers):
         self.handlers = handlers
+        self.token = secrets.token_hex(16)
         self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.server.bind(("0.0.0.0", 0))
@@ -84,6 +93,14 @@ class _Collector:
 
     def _read(self, conn):
         with conn, conn.makefile("r", encoding="utf-8", errors="replace") as stream:
+            conn.settimeout(HANDSHAKE_S)
+            try:
+                if stream.readline().strip() != self.token:
+                    return
+                conn.sendall(f"{self.token}\n".encode())
+            except OSError:
+                return
+            conn.settimeout(None)
             for line in stream:
                 for handler in self.handlers:
                     handler.stream.write(line)
@@ -95,13 +112,27 @@ class _Collector:
         self.server.close()
 
 
-def _addresses():
-    names = {"127.0.0.1"}
-    try:
-        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
-    return sorted(names, key=lambda a: a.startswith("127."))
+HANDSHAKE_S = 5.0
+
+
+def _connect(where):
+    """A socket connected to rank 0's collector as `where` describes it, or None."""
+    # Loopback reaches rank 0 only from its own network stack, where it comes first.
+    same_stack = where["machine"] is not None and where["machine"] == machine_identity()
+    for address in ["127.0.0.1"] * same_stack + where["addresses"]:
+        try:
+            sock = socket.create_connection((address, where["port"]), timeout=HANDSHAKE_S)
+        except OSError:
+            continue
+        try:
+            sock.sendall(f"{where['token']}\n".encode())
+            if sock.makefile("r").readline().strip() == where["token"]:
+                sock.settimeout(None)
+                return sock
+        except OSError:
+            pass
+        sock.close()
+    return None
 
 
 class RankLogging:
@@ -146,24 +177,21 @@ class RankLogging:
             if log_path:
                 self._add(_file_handler(log_path), formatter, prefix)
             self.collector = _Collector([h for h in self.handlers])
-            where = {"addresses": _addresses(), "port": self.collector.port}
+            where = {"addresses": local_addresses(), "machine": machine_identity(), "port": self.collector.port,
+                     "token": self.collector.token}
         else:
             where = None
         where = self.ctx.broadcast_object(where, name="log_collector")
         if self.ctx.is_rank0:
             return
-        for address in where["addresses"]:
-            try:
-                sock = socket.create_connection((address, where["port"]), timeout=5)
-                sock.settimeout(None)
-                self._add(_SocketLineHandler(sock), formatter, prefix)
-                return
-            except OSError:
-                continue
+        sock = _connect(where)
+        if sock is not None:
+            self._add(_SocketLineHandler(sock), formatter, prefix)
+            return
         # Rank 0 is unreachable from here: log locally rather than not at all.
         self._add(logging.StreamHandler(sys.stdout), formatter, prefix)
-        log.warning("--mpi-log collect: cannot reach rank 0 at %s:%s; logging here instead",
-                    where["addresses"], where["port"])
+        log.warning("--mpi-log collect: cannot reach rank 0 at %s port %s; logging here instead",
+                    ", ".join(where["addresses"]) or "(no address but loopback)", where["port"])
 
     def close(self, collective=True):
         for handler in self.handlers:

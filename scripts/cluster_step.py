@@ -23,7 +23,8 @@ from benchmarks.analytic import predict_step  # noqa: E402
 from benchmarks.results import RESULT_TAG  # noqa: E402
 
 MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-H", "host1:1,host2:1", "-bind-to", "none",
-          "-map-by", "slot", "-x", "PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+          "-map-by", "slot", "-x", "PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
+          "-mca", "btl_tcp_disable_family", "6"]
 
 
 def measure(hosts, data_path, steps, repeats):

@@ -34,7 +34,7 @@ for seed in $seeds; do
           --output_dir "$out" -l "$out.log" >> "$out.out" 2>&1
     else
       mpirun --allow-run-as-root -np 2 -bind-to none -map-by slot -x PATH \
-          -mca pml ob1 -mca btl tcp,self -mca mpi_yield_when_idle 1 \
+          -mca pml ob1 -mca btl tcp,self -mca btl_tcp_disable_family 6 -mca mpi_yield_when_idle 1 \
           python lm_ptb_distributed.py --config config_small --data_path "$data" --seed "$seed" $resume \
           --output_dir "$out" -l "$out.log" >> "$out.out" 2>&1
     fi

@@ -23,20 +23,22 @@ HOOKED_ENTRY = os.path.join(ROOT, "tests", "hooked_entry.py")
 # Open MPI refuses root without --allow-run-as-root; --oversubscribe lets
 # -np 3/4 run on 2 cores, and mpi_yield_when_idle stops waiting ranks from
 # spinning, which on a busy 2-core machine starves the rank being waited for.
+# TCP over IPv4 alone, as the README's command for real hosts has it.
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
-          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH",
-          "-mca", "pml", "ob1", "-mca", "btl", "tcp,self", "-mca", "mpi_yield_when_idle", "1"]
+          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
+          "-mca", "btl_tcp_disable_family", "6", "-mca", "mpi_yield_when_idle", "1"]
 # No TF_CPP_MIN_LOG_LEVEL: the scripts must keep TensorFlow's notices off stderr by themselves.
 RUN_ENV = {"PYTHONUNBUFFERED": "1"}
 # The README's command for real hosts, less the host list.
 CLUSTER_MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
-                  "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self"]
+                  "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-mca", "pml", "ob1", "-mca", "btl", "tcp,self",
+                  "-mca", "btl_tcp_disable_family", "6"]
 
 
 @pytest.fixture
 def make_cluster():
-    """make_cluster(hosts=2, names=None): namespace hosts (harness/cluster.py), removed after
-    the test. They need root; as root, a missing tool fails the test, never skips it."""
+    """make_cluster(hosts=2, names=None, loopback_name=False): namespace hosts (harness/cluster.py),
+    removed after the test. They need root; as root, a missing tool fails the test, never skips it."""
     if os.geteuid() != 0:
         pytest.skip("namespace hosts need root")
     missing = cluster_lib.missing_tools()
@@ -44,9 +46,9 @@ def make_cluster():
     cluster_lib.remove_stale()
     made = []
 
-    def make(hosts=2, names=None):
+    def make(hosts=2, names=None, loopback_name=False):
         # A short path: Open MPI's session folders must fit a socket path.
-        made.append(cluster_lib.Cluster(hosts, tempfile.mkdtemp(prefix="cl.", dir="/tmp"), names))
+        made.append(cluster_lib.Cluster(hosts, tempfile.mkdtemp(prefix="cl.", dir="/tmp"), names, loopback_name))
         return made[-1]
 
     try:

@@ -6,10 +6,10 @@ status, message and time to exit to FILE; RELIABILITY.md's table is such a run.
 """
 import json
 import os
-import re
 import time
 
 from conftest import PYTHON, ROOT, TINY_CONFIG, error_lines
+from hooks import fault_time
 
 STEPS = 8
 # From a fault or signal to the job's end. RELIABILITY.md measured 0.5-9.3 s, the
@@ -46,9 +46,7 @@ def timed(run, *args, **kwargs):
 
 def fault_to_exit_seconds(proc, ended):
     """Seconds from the injected fault (its stderr line has the time) to the job's end."""
-    found = re.search(r"fault injection: .*\(unix time ([0-9.]+)\)", proc.stderr)
-    assert found, proc.stderr
-    return ended - float(found.group(1))
+    return ended - fault_time(proc.stderr)
 
 
 def assert_one_clean_error(proc, code, *phrases):

@@ -30,9 +30,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Run an entry script's main with the tests' step callbacks.",
                                      allow_abbrev=False)
     parser.add_argument("--fault", type=fault_spec, action="append", default=[],
-                        metavar=f"rank=R,epoch=E,step=S,mode={'|'.join(hooks.MODES)}[,at=step|evaluation]",
+                        metavar=f"rank=R,epoch=E,step=S,mode={'|'.join(hooks.MODES)}[,at={'|'.join(hooks.POINTS)}]",
                         help="fail on rank R just before step S of epoch E (0-based), or as the validation "
-                             "after epoch E starts; repeatable (tests/hooks.py)")
+                             "after epoch E starts, or as the checkpoint at E, S starts; repeatable (tests/hooks.py)")
     parser.add_argument("--record_steps", metavar="DIR",
                         help="append each step's epoch, step, global loss and rank to DIR/steps.<pid>.jsonl")
     parser.add_argument("script", choices=SCRIPTS)

@@ -2,13 +2,19 @@
 
 Fault injection, in the spirit of Horovod's elastic tests: the spec
 "rank=1,epoch=1,step=5,mode=kill" makes rank 1 fail at the start of step 5
-of epoch 1 (both 0-based); with "at=evaluation" it fails as the validation
-after epoch 1 starts instead (after the watchdog has announced it). Modes:
-exception (raises), kill (SIGKILL to itself), term (SIGTERM to itself, the
-graceful path), hang (blocks for ever in a read that nothing answers, alive
-but stuck), pause (writes "fault point: rank R paused ...", then waits until
-the file named by release=PATH exists: the test strikes at that named point,
-then lets the rank go on).
+of epoch 1 (both 0-based); "host=host2" in place of the rank picks the
+process on that host, whatever rank an elastic reset gives it. With
+"at=evaluation" it fails as the validation after epoch 1 starts instead,
+with "at=checkpoint" as the checkpoint of that position starts (step 0: the
+one after epoch E's end), each after the watchdog has announced the phase,
+and with "at=begin" as each attempt of its process starts (no epoch or step).
+Modes: exception (raises), kill (SIGKILL to itself), term (SIGTERM to itself,
+the graceful path), stop (SIGSTOP to itself: frozen), hang (blocks for ever
+in a read that nothing answers, alive but stuck), pause (writes "fault
+injection: rank R paused ...", then waits until the file named by
+release=PATH exists: the test strikes at that named point, then lets the
+rank go on). Every fault first writes that line, with the process's pid and
+the time.
 
 Step recording: every process appends one JSON line per step it takes,
 {"epoch", "step", "loss", "rank"}, to DIR/steps.<pid>.jsonl, written whole
@@ -20,14 +26,16 @@ tests/hooked_entry.py installs them from its --fault and --record_steps.
 import glob
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import time
 
 from runtime.callbacks import StepCallback
 
-MODES = ("exception", "kill", "term", "hang", "pause")
-POINTS = ("step", "evaluation")
+MODES = ("exception", "kill", "term", "stop", "hang", "pause")
+POINTS = ("step", "evaluation", "checkpoint", "begin")
 
 
 class FaultInjectedError(RuntimeError):
@@ -35,38 +43,45 @@ class FaultInjectedError(RuntimeError):
 
 
 def parse_fault(spec):
-    """{"rank", "epoch", "step", "mode", "at", "release"} of
-    "rank=R,epoch=E,step=S,mode=MODE[,at=step|evaluation][,release=PATH]"; raises ValueError."""
+    """{"rank", "host", "epoch", "step", "mode", "at", "release"} of
+    "rank=R|host=NAME,epoch=E,step=S,mode=MODE[,at=POINT][,release=PATH]"; raises ValueError."""
     fields = {}
     for part in spec.split(","):
         key, _, value = part.partition("=")
         fields[key.strip()] = value.strip()
     try:
-        fault = {"rank": int(fields.pop("rank", 0)), "epoch": int(fields.pop("epoch", 0)),
-                 "step": int(fields.pop("step", 0)), "mode": fields.pop("mode", "exception"),
-                 "at": fields.pop("at", "step"), "release": fields.pop("release", "")}
+        fault = {"rank": int(fields.pop("rank", 0)), "host": fields.pop("host", ""),
+                 "epoch": int(fields.pop("epoch", 0)), "step": int(fields.pop("step", 0)),
+                 "mode": fields.pop("mode", "exception"), "at": fields.pop("at", "step"),
+                 "release": fields.pop("release", "")}
     except ValueError:
         raise ValueError(f"--fault {spec!r}: rank, epoch and step must be integers") from None
     if fields or fault["mode"] not in MODES or fault["at"] not in POINTS or \
-            (fault["mode"] == "pause") != bool(fault["release"]):
-        raise ValueError(f"--fault {spec!r}: use rank=R,epoch=E,step=S,mode={'|'.join(MODES)}"
+            (fault["mode"] == "pause") != bool(fault["release"]) or (fault["host"] and "rank=" in spec):
+        raise ValueError(f"--fault {spec!r}: use rank=R|host=NAME,epoch=E,step=S,mode={'|'.join(MODES)}"
                          f"[,at={'|'.join(POINTS)}], with release=PATH for mode=pause alone")
     return fault
 
 
 class Fault(StepCallback):
-    """Fails as `mode` says once, on `rank`, just before step `step` of `epoch`,
-    or (at="evaluation") as the validation after `epoch` starts."""
+    """Fails as `mode` says once, on `rank` (or on `host`), just before step `step`
+    of `epoch`, or (at="evaluation") as the validation after `epoch` starts, or
+    (at="checkpoint") as the checkpoint at `epoch`, `step` starts, `epoch`
+    counting finished epochs as the loop's before_checkpoint does, or
+    (at="begin") as an attempt starts."""
 
-    def __init__(self, rank, epoch, step, mode, at="step", release=""):
-        self.rank, self.epoch, self.step, self.mode = rank, epoch, step, mode
+    def __init__(self, rank, epoch, step, mode, at="step", release="", host=""):
+        self.rank, self.host, self.epoch, self.step, self.mode = rank, host, epoch, step, mode
         self.at, self.release = at, release
         self.armed = False
         self.fired = False
 
     def begin(self, rank, size, epoch, step):
         # The rank of this attempt: an elastic reset may renumber the ranks.
-        self.armed = rank == self.rank
+        self.armed = socket.gethostname() == self.host if self.host else rank == self.rank
+        self.current_rank = rank
+        if self.at == "begin":
+            self._fire(f"the start of an attempt of {size} ranks at epoch {epoch} step {step}")
 
     def before_step(self, epoch, step):
         if self.at == "step" and (epoch, step) == (self.epoch, self.step):
@@ -76,6 +91,10 @@ class Fault(StepCallback):
         if self.at == "evaluation" and (split, epoch) == ("valid", self.epoch):
             self._fire(f"the validation after epoch {epoch}")
 
+    def before_checkpoint(self, epoch, step):
+        if self.at == "checkpoint" and (epoch, step) == (self.epoch, self.step):
+            self._fire(f"the checkpoint at epoch {epoch} step {step}")
+
     def _fire(self, where):
         if not self.armed or self.fired:
             return
@@ -83,12 +102,11 @@ class Fault(StepCallback):
         # The failure tests time the job's exit from this line, written whole
         # so that no other rank's output splits it.
         verb = "paused" if self.mode == "pause" else self.mode
-        sys.stderr.write(f"fault injection: rank {self.rank} {verb} at {where} (unix time {time.time():.3f})\n")
+        sys.stderr.write(f"fault injection: rank {self.current_rank} {verb} at {where} "
+                         f"(pid {os.getpid()}, unix time {time.time():.3f})\n")
         sys.stderr.flush()
-        if self.mode == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif self.mode == "term":
-            os.kill(os.getpid(), signal.SIGTERM)
+        if self.mode in ("kill", "term", "stop"):
+            os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[self.mode])
         elif self.mode == "hang":
             read_end, _ = os.pipe()
             os.read(read_end, 1)
@@ -96,7 +114,14 @@ class Fault(StepCallback):
             while not os.path.exists(self.release):
                 time.sleep(0.05)
         else:
-            raise FaultInjectedError(f"injected fault at {where} on rank {self.rank}")
+            raise FaultInjectedError(f"injected fault at {where} on rank {self.current_rank}")
+
+
+def fault_time(text):
+    """The unix time in the first fault line of `text`."""
+    found = re.search(r"fault injection: .*\(pid \d+, unix time ([0-9.]+)\)", text)
+    assert found, text[-3000:]
+    return float(found.group(1))
 
 
 class StepRecorder(StepCallback):

@@ -19,6 +19,7 @@ from texar_lite import decoder, embedder, optimization
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
+from texar_lite.sizes import weight_count
 
 SHIPPED = {  # units, keep prob, init_scale, epochs, num_steps, lr decay, start_decay_step, clip
     "config_small": (200, 1.0, 0.1, 13, 20, 0.5, 3, 5.0),
@@ -137,7 +138,7 @@ def test_a_model_built_after_hidden_size_650_is_650_wide():
     model = LanguageModel(config, vocab_size=50, seed=3)
     assert model.embedder.embedding.shape == (50, 650)
     assert [kernel.shape for kernel in model.decoder.recurrent_kernels] == [(650, 2600), (650, 2600)]
-    assert job.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
+    assert weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
 
 
 def _config_small_and(tmp_path, text):
@@ -288,7 +289,7 @@ def test_config_file_errors(tmp_path):
 def test_the_disk_space_check_counts_the_models_weights():
     config = load_config(TINY_CONFIG, ["cell.kwargs.num_units=8", "emb.dim=5", "cell.num_layers=3"])
     model = LanguageModel(config, vocab_size=50, seed=3)
-    assert job.weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
+    assert weight_count(config, 50) == sum(v.shape.num_elements() for v in model.trainable_variables)
 
 
 def test_a_runs_results_json_recording_hidden_size_and_keep_prob_still_gives_its_config(tmp_path):

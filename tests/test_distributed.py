@@ -124,6 +124,18 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
     assert _results(single_run)["eval_tokens_per_rank"] == [_valid_tokens(data)]
 
 
+def test_two_ranks_match_one_process_with_onednn_on_and_off(tmp_path, synthetic_corpus, onednn):
+    """TensorFlow's oneDNN, on by default where the CPU has AVX512_VNNI, AVX512_BF16 or
+    AMX, runs other matmul kernels, whose blocking may follow a rank's row count: the
+    bound holds either way."""
+    data, _ = synthetic_corpus
+    single, multi = str(tmp_path / "single"), str(tmp_path / "multi")
+    assert lm_ptb(_args(data, single), timeout=300, hooks=_recorded(single)).returncode == 0
+    result = mpirun(2, _args(data, multi), hooks=_recorded(multi), extra_mpi=["-x", "TF_ENABLE_ONEDNN_OPTS"])
+    assert result.returncode == 0, result.stderr
+    _assert_same_training(single, multi)
+
+
 def test_two_ranks_in_row_groups_match_one_process(tmp_path, synthetic_corpus, single_run):
     # Each rank's 10 rows as 2 groups of 5: the dropout rows and the gradient
     # sums cross both the ranks and the groups.

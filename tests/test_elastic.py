@@ -2,7 +2,8 @@
 
 horovodrun --gloo --min-np 1 --max-np 2 runs lm_ptb_distributed.py on host1
 and host2, its discovery script listing the hosts of a file. The rank on
-host2 is killed mid-epoch: the job goes on from its last commit. Each commit
+host2 kills itself at a named step (tests/hooks.py, host=host2): the job
+goes on from its last commit. The other faults strike at named points too. Each commit
 is also written as a checkpoint (--checkpoint_every = --commit_every), so a
 plain run resumed from that checkpoint must take the same steps: their
 per-step losses are compared. The runs that record them start through
@@ -12,15 +13,14 @@ taken again after a reset included.
 import json
 import os
 import re
-import signal
 import time
 
 import numpy as np
 import pytest
 
 from conftest import PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, latest_checkpoint, lm_ptb
-from hooks import losses_by_rank, recorded_steps, taken
-from test_network_faults import rank_pid, record
+from hooks import fault_time, losses_by_rank, recorded_steps, taken
+from test_network_faults import paused, record
 
 STEPS = 150
 COMMIT = 10
@@ -37,6 +37,17 @@ def train_args(corpus, out, epochs, elastic=False):
             "--max_steps_per_epoch", str(STEPS), "--set", f"num_epochs={epochs}", "--keep_checkpoints", "100",
             "--checkpoint_every", str(COMMIT),
             *(["--commit_every", str(COMMIT), "--hang_timeout", "15"] if elastic else [])]
+
+
+def fault(host, mode, epoch=0, step=15, at="step"):
+    """The hooks that make the process on `host` fail as `mode` says before step `step`
+    of `epoch` (0-based; step 15 is a tenth into the epoch), or at the point `at`."""
+    return ["--fault", f"host={host},epoch={epoch},step={step},mode={mode},at={at}"]
+
+
+def seconds_since_fault(launch):
+    """Seconds from the first fault line the launch's ranks wrote to now."""
+    return time.time() - fault_time(launch.stdout() + launch.stderr())
 
 
 def recorded(out):
@@ -57,7 +68,7 @@ def start_elastic(cluster, corpus, out, epochs, *horovodrun_flags, extra=(), hoo
 
 def wait_for(launch, pattern, count=1, seconds=150):
     deadline = time.monotonic() + seconds
-    while len(re.findall(pattern, launch.stdout())) < count:
+    while len(re.findall(pattern, launch.stdout() + launch.stderr())) < count:
         assert launch.proc.poll() is None, f"ended before {pattern!r}:\n{launch.stderr()[-3000:]}"
         assert time.monotonic() < deadline, f"no {pattern!r} in {seconds} s:\n{launch.stderr()[-3000:]}"
         time.sleep(0.1)
@@ -135,12 +146,9 @@ def survivor_steps(out, epochs, commit, processes):
 def test_a_lost_host_leaves_the_job_to_the_other_and_the_steps_match_a_resumed_run(
         cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=recorded(out))
-    wait_for(launch, r"0\.100 perplexity")
-    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
-    lost = time.monotonic()
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=[*recorded(out), *fault("host2", "kill")])
     wait_for(launch, WORLD.pattern, count=2)
-    recovered = time.monotonic() - lost
+    recovered = seconds_since_fault(launch)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     (size1, epoch1, step1), (size2, epoch2, step2) = worlds(outcome.stdout)
@@ -167,15 +175,17 @@ def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
     """Across a cut link the side that cannot reach horovodrun's driver leaves;
     a rank stuck in a read leaves by itself. Either way Horovod sees a worker
     exit, and re-forms the world without it instead of waiting for ever."""
-    out = tmp_path / "elastic"
-    hooks = ("--fault", "rank=1,epoch=0,step=40,mode=hang") if case == "hang" else ()
+    out, release = tmp_path / "elastic", tmp_path / "release"
+    # The cut strikes while both ranks pause before step 15.
+    hooks = fault("host2", "hang", step=40) if case == "hang" else paused(release, epoch=0)
     launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=hooks)
-    wait_for(launch, r"0\.200 perplexity" if case == "hang" else r"0\.100 perplexity")
     if case == "cut":
+        wait_for(launch, r"fault injection: rank 0 paused", seconds=150)
+        wait_for(launch, r"fault injection: rank 1 paused", seconds=30)
         cluster.cut("host2")
-    lost = time.monotonic()
-    wait_for(launch, WORLD.pattern, count=2, seconds=120)
-    recovered = time.monotonic() - lost
+        open(release, "w").close()
+    wait_for(launch, WORLD.pattern, count=2, seconds=150)
+    recovered = seconds_since_fault(launch)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert [size for size, _, _ in worlds(outcome.stdout)] == [2, 1]
@@ -195,10 +205,9 @@ def test_the_watchdog_makes_a_cut_off_or_stuck_rank_leave_and_the_job_goes_on(
 
 def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
+    # The process that joins later never takes step 15 of epoch 1: its fault never fires.
     launch = start_elastic(cluster, synthetic_corpus[0], out, 3, "--blacklist-cooldown-range", "2", "3",
-                           hooks=recorded(out))
-    wait_for(launch, r"0\.100 perplexity")
-    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+                           hooks=[*recorded(out), *fault("host2", "kill")])
     wait_for(launch, WORLD.pattern, count=3)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
@@ -238,9 +247,8 @@ def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp
     hosts = make_cluster(4)
     out = tmp_path / "elastic"
     launch = start_elastic(hosts, synthetic_corpus[0], out, 2, "--blacklist-cooldown-range", "2", "3",
-                           hosts=hosts.hosts, hooks=recorded(out), extra=("--set", "batch_size=12"))
-    wait_for(launch, r"0\.100 perplexity", seconds=240)
-    os.kill(rank_pid(hosts, "host3"), signal.SIGKILL)
+                           hosts=hosts.hosts, hooks=[*recorded(out), *fault("host3", "kill")],
+                           extra=("--set", "batch_size=12"))
     wait_for(launch, WORLD.pattern, count=3, seconds=240)
     outcome = finish(hosts, launch, 300)
     (tmp_path / "launch.log").write_text(outcome.stdout + outcome.stderr)  # kept by pytest, for a failure's story
@@ -271,38 +279,28 @@ def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp
 
 def test_losing_every_host_ends_the_job_and_keeps_the_last_checkpoint(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
-    wait_for(launch, r"0\.200 perplexity")
-    for host in ("host2", "host1"):
-        os.kill(rank_pid(cluster, host), signal.SIGKILL)
-    outcome = finish(cluster, launch, 60)
+    # Both die before step 30, the checkpoint of step 30 written.
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2,
+                           hooks=[*fault("host2", "kill", step=30), *fault("host1", "kill", step=30)])
+    outcome = finish(cluster, launch, 150)
     assert outcome.returncode != 0
     assert "exited with non-zero status" in outcome.stderr, outcome.stderr[-3000:]
-    epoch, step = checkpoint_position(latest_checkpoint(out))
-    assert epoch == 0 and step % COMMIT == 0 and step > 0
+    assert checkpoint_position(latest_checkpoint(out)) == (0, 30)
     resumed = lm_ptb(train_args(synthetic_corpus[0], out, 1) + ["--resume"], timeout=200)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
 def test_a_host_that_keeps_failing_ends_the_job_at_the_reset_limit(cluster, synthetic_corpus, tmp_path):
+    """Every process on host2 kills itself as its first attempt starts: host1 trains
+    alone between host2's returns, until the resets reach --reset-limit."""
     out = tmp_path / "elastic"
     launch = start_elastic(cluster, synthetic_corpus[0], out, 20, "--blacklist-cooldown-range", "1", "2",
-                           "--reset-limit", "3")
-    killed = 0
-    deadline = time.monotonic() + 300
-    while launch.proc.poll() is None and time.monotonic() < deadline:
-        # Each time host2 is in the world again (a new 2-rank attempt), it dies.
-        if sum(1 for size, _, _ in worlds(launch.stdout()) if size == 2) > killed:
-            try:
-                os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
-                killed += 1
-            except AssertionError:  # not started yet
-                pass
-        time.sleep(0.2)
-    outcome = finish(cluster, launch, 60)
+                           "--reset-limit", "3", hooks=fault("host2", "kill", at="begin"))
+    outcome = finish(cluster, launch, 300)
     assert outcome.returncode != 0
     assert "number of resets during elastic job exceeded limit: 3" in outcome.stderr, outcome.stderr[-3000:]
-    assert killed >= 2
+    killed = re.findall(r"fault injection: rank \d kill at the start of an attempt of 2 ranks", outcome.stderr)
+    assert len(killed) >= 2, outcome.stderr[-3000:]
     epoch, step = checkpoint_position(latest_checkpoint(out))
     assert step % COMMIT == 0
 
@@ -313,12 +311,9 @@ def test_a_frozen_rank_is_ended_and_the_job_goes_on(host, cluster, synthetic_cor
     worker that exits: its sentinel ends it after --hang_timeout, on horovodrun's own
     host too, and the other worker trains on alone."""
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 2)
-    wait_for(launch, r"0\.100 perplexity")
-    os.kill(rank_pid(cluster, host), signal.SIGSTOP)
-    struck = time.monotonic()
-    wait_for(launch, WORLD.pattern, count=2, seconds=120)
-    seconds = time.monotonic() - struck
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 2, hooks=fault(host, "stop"))
+    wait_for(launch, WORLD.pattern, count=2, seconds=150)
+    seconds = seconds_since_fault(launch)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stdout[-3000:] + outcome.stderr[-3000:]
     assert [size for size, _, _ in worlds(outcome.stdout)] == [2, 1]
@@ -336,9 +331,8 @@ def test_a_stuck_rank_in_a_world_of_one_leaves_and_the_job_ends(cluster, synthet
     interface of 127.0.0.1, which the namespaces' --network-interface is not.)"""
     out = tmp_path / "elastic"
     launch = start_elastic(cluster, synthetic_corpus[0], out, 2, "--start-timeout", "10", hosts=("host2",),
-                           hooks=("--fault", "rank=0,epoch=0,step=40,mode=hang"))
-    wait_for(launch, r"0\.200 perplexity")
-    outcome = finish(cluster, launch, 120)
+                           hooks=fault("host2", "hang", step=40))
+    outcome = finish(cluster, launch, 180)
     assert outcome.returncode != 0
     line = next((line for line in outcome.stderr.splitlines() if "is alive but has made no progress" in line), None)
     assert line and "rank 0 on host2" in line, outcome.stderr[-3000:]
@@ -349,9 +343,8 @@ def test_a_stuck_rank_in_a_world_of_one_leaves_and_the_job_ends(cluster, synthet
 
 def test_per_worker_batches_follow_the_world_size_and_the_log_says_so(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "elastic"
-    launch = start_elastic(cluster, synthetic_corpus[0], out, 1, extra=("--set", "batch_mode=per_worker"))
-    wait_for(launch, r"0\.100 perplexity")
-    os.kill(rank_pid(cluster, "host2"), signal.SIGKILL)
+    launch = start_elastic(cluster, synthetic_corpus[0], out, 1, extra=("--set", "batch_mode=per_worker"),
+                           hooks=fault("host2", "kill"))
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert "global batch 40 (20 rows x 2 ranks, batch_mode=per_worker), learning rate scale 2," in outcome.stdout

@@ -24,18 +24,25 @@ def run(cluster, cmd):
     return outcome
 
 
-def test_a_hostfile_and_collect_mode_across_hosts(cluster, synthetic_corpus, tmp_path):
+@pytest.mark.parametrize("naming", ["own", "loopback", "shared"])
+def test_a_hostfile_and_collect_mode_across_hosts(naming, make_cluster, synthetic_corpus, tmp_path):
+    """Collect mode whatever the hosts' names: their own, resolving to their addresses;
+    their own mapped to 127.0.1.1 (Debian's /etc/hosts); one name for both, which
+    resolves nowhere (cloned VMs)."""
+    cluster = make_cluster(names=["vm", "vm"] if naming == "shared" else None, loopback_name=naming == "loopback")
     hostfile = tmp_path / "hosts"
     hostfile.write_text("host1 slots=1\nhost2 slots=1\n")
     log = tmp_path / "train.log"
     out = tmp_path / "out"
-    run(cluster, [*CLUSTER_MPIRUN, "-hostfile", hostfile,
-                  *train(synthetic_corpus[0], out, "-m", "collect", "-l", log)])
+    outcome = run(cluster, [*CLUSTER_MPIRUN, "-hostfile", hostfile,
+                            *train(synthetic_corpus[0], out, "-m", "collect", "-l", log)])
     text = log.read_text()
     # Rank 1's lines crossed the link to rank 0's file, and name their own host.
-    assert "[rank 0] this host             host1" in text
-    assert "[rank 1] this host             host2" in text
+    names = ("vm", "vm") if naming == "shared" else ("host1", "host2")
+    assert f"[rank 0] this host             {names[0]}" in text
+    assert f"[rank 1] this host             {names[1]}" in text
     assert "[rank 1] test perplexity" in text
+    assert "cannot reach rank 0" not in outcome.stdout + outcome.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_batch_size"] == 20
     # words/s counts every rank's tokens: the global batch, not one rank's rows.

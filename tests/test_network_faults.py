@@ -113,7 +113,8 @@ BOTH_PAUSED = (r"fault injection: rank 0 paused", r"fault injection: rank 1 paus
 def strike(hosts, launcher, args, when, fault, case, release=None):
     """Runs launcher+args on host1, applies fault(hosts) once its output matches every
     pattern of `when`, creates `release` (letting paused ranks go on), and returns
-    (outcome, seconds from the fault to the end, processes left)."""
+    (outcome, seconds from the fault to the end of the launcher, processes left 10 s
+    after that, seconds from the fault until none of the job's processes was left)."""
     launch = hosts.start("host1", [*launcher, *args], env=dict(os.environ, **RUN_ENV, **GLOO_ENV), cwd=ROOT)
     try:
         deadline = time.monotonic() + 150
@@ -128,10 +129,11 @@ def strike(hosts, launcher, args, when, fault, case, release=None):
         ended = launch.wait(BOUND_S + 30)
         seconds = time.monotonic() - struck
         left = hosts.left_after(10)
+        cleared = time.monotonic() - struck
     finally:
         outcome = launch.finish(0, linger_s=0)
     assert ended, f"{case}: still running {BOUND_S + 30} s after the fault:\n{outcome.stderr[-3000:]}"
-    return outcome, seconds, left
+    return outcome, seconds, left, cleared
 
 
 def strike_mid_epoch_2(hosts, launcher, corpus, out, fault, case, **train):
@@ -164,7 +166,7 @@ def check(case, launcher, outcome, seconds, left, out, *phrases, code=None, line
 def test_a_cut_link_mid_epoch_ends_the_job_and_resume_continues_exactly(cluster, synthetic_corpus, tmp_path):
     corpus = synthetic_corpus[0]
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, MPIRUN, corpus, out, lambda h: h.cut("host2"),
+    outcome, seconds, left, _ = strike_mid_epoch_2(cluster, MPIRUN, corpus, out, lambda h: h.cut("host2"),
                                                 "link cut mid-epoch", epochs=2)
     # mpirun cannot reach host2's daemon to stop it; the rank's guard ends it.
     check("link cut mid-epoch", "mpirun", outcome, seconds, left, out,
@@ -194,7 +196,7 @@ def test_a_partition_of_four_hosts_ends_both_sides(far, make_cluster, synthetic_
     mpirun[mpirun.index("-np") + 1] = "4"
     args = train_args(synthetic_corpus[0], out, hooks=paused(release), epochs=2)
     near = [host for host in hosts.hosts if host not in far]
-    outcome, seconds, left = strike(hosts, mpirun, args, BOTH_PAUSED, lambda h: h.partition(near, far),
+    outcome, seconds, left, _ = strike(hosts, mpirun, args, BOTH_PAUSED, lambda h: h.partition(near, far),
                                     f"{len(near)}|{len(far)} partition", release=release)
     # The far ranks' last heartbeats may be up to a second apart: the line names those
     # silent for the timeout when rank 0 judges, far ones only.
@@ -210,22 +212,25 @@ def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, synthetic_co
     that it waits there. The link is cut, then rank 0 evaluates alone."""
     out, release = tmp_path / "out", tmp_path / "release"
     args = train_args(synthetic_corpus[0], out, hooks=paused(release, at="evaluation"))
-    outcome, seconds, left = strike(cluster, MPIRUN, args, BOTH_PAUSED, lambda h: h.cut("host2"),
+    outcome, seconds, left, _ = strike(cluster, MPIRUN, args, BOTH_PAUSED, lambda h: h.cut("host2"),
                                     "link cut in evaluation", release=release)
     check("link cut during rank 0's evaluation", "mpirun", outcome, seconds, left, out,
           "rank 1 on host2 went silent, last heard in evaluation (valid, epoch 2)", code=-signal.SIGKILL)
 
 
 def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, tmp_path):
-    """A 1200-unit model makes epoch 1's checkpoint two writes of 92 MB: the link is cut
-    as rank 0 starts it, while rank 1 waits for it at the rendezvous."""
-    out = tmp_path / "out"
+    """A 1200-unit model makes epoch 1's checkpoint two writes of 92 MB. Both ranks pause
+    as that checkpoint starts; the link is cut there, then rank 0 writes while rank 1
+    waits for it at the rendezvous."""
+    out, release = tmp_path / "out", tmp_path / "release"
     big = ["--set", "cell.kwargs.num_units=1200", "--set", "emb.dim=1200", "--max_steps_per_epoch", "4"]
-    outcome, seconds, left = strike(cluster, MPIRUN, train_args(synthetic_corpus[0], out, *big, epochs=2),
-                                    [r"epoch 1/2: train perplexity"], lambda h: h.cut("host2"), "cut in checkpoint")
+    args = train_args(synthetic_corpus[0], out, *big, epochs=2, hooks=paused(release, at="checkpoint", step=0))
+    outcome, seconds, left, _ = strike(cluster, MPIRUN, args, BOTH_PAUSED, lambda h: h.cut("host2"),
+                                    "cut in checkpoint", release=release)
     errors = error_lines(outcome.stderr)
     record("link cut during epoch 1's checkpoint", "mpirun", seconds, outcome.returncode,
            errors[0] if errors else "", len(left), checkpoint_position(latest_checkpoint(out)))
+    # mpirun cannot reach host2's daemon to stop it; the rank's guard ends it.
     assert outcome.returncode == -signal.SIGKILL and seconds < BOUND_S and left == []
     assert len(errors) == 1, errors
     assert "rank 1 on host2 went silent, last heard in checkpoint (end of epoch 1)" in errors[0], errors
@@ -236,7 +241,7 @@ def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, 
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
 def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, launcher, synthetic_corpus[0], out,
+    outcome, seconds, left, _ = strike_mid_epoch_2(cluster, launcher, synthetic_corpus[0], out,
                                                 lambda h: os.kill(rank_pid(h, "host2"), signal.SIGSTOP), "SIGSTOP")
     # Under horovodrun the stopped rank is woken (SIGCONT) as its session ends,
     # and may report its broken collective before the hang-up ends it.
@@ -248,7 +253,7 @@ def test_a_stopped_rank_ends_the_job(launcher, name, code, cluster, synthetic_co
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
 def test_a_rank_stuck_in_a_read_ends_the_job(launcher, name, code, cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike(cluster, launcher,
+    outcome, seconds, left, _ = strike(cluster, launcher,
                                     train_args(synthetic_corpus[0], out,
                                                hooks=["--fault", "rank=1,epoch=1,step=20,mode=hang"]),
                                     [r"fault injection: rank 1 hang"], lambda h: None, "hung read")
@@ -258,7 +263,7 @@ def test_a_rank_stuck_in_a_read_ends_the_job(launcher, name, code, cluster, synt
 
 def test_a_vanished_host_ends_the_job(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, MPIRUN, synthetic_corpus[0], out,
+    outcome, seconds, left, _ = strike_mid_epoch_2(cluster, MPIRUN, synthetic_corpus[0], out,
                                                 lambda h: h.vanish("host2"), "vanished host")
     record("host2 vanishes (cut, then every process SIGKILLed)", "mpirun", seconds, outcome.returncode,
            next((line for line in outcome.stderr.splitlines() if "ORTE" in line or "daemon" in line), ""),
@@ -269,13 +274,13 @@ def test_a_vanished_host_ends_the_job(cluster, synthetic_corpus, tmp_path):
 
 def test_a_killed_mpirun_leaves_no_rank_behind(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, MPIRUN, synthetic_corpus[0], out,
-                                                lambda h: os.kill(launcher_pid(h, "mpirun"), signal.SIGKILL),
-                                                "mpirun killed")
-    record("SIGKILL to mpirun", "mpirun", seconds, outcome.returncode, "(mpirun is gone; its output with it)",
+    _, _, left, cleared = strike_mid_epoch_2(cluster, MPIRUN, synthetic_corpus[0], out,
+                                             lambda h: os.kill(launcher_pid(h, "mpirun"), signal.SIGKILL),
+                                             "mpirun killed")
+    record("SIGKILL to mpirun", "mpirun", cleared, "killed", "(mpirun is gone; its output with it)",
            len(left), checkpoint_position(latest_checkpoint(out)))
-    assert outcome.returncode == -signal.SIGKILL
-    assert left == []
+    # The ranks, daemons and ssh sessions on both hosts end by themselves, in bounded time.
+    assert left == [] and cleared < BOUND_S, (left, cleared)
     # host1's daemon, cut off from mpirun, may SIGTERM its rank before the
     # watchdog sees the orphan: then the ranks agree to stop and save in epoch 2.
     assert checkpoint_position(latest_checkpoint(out))[0] == 1
@@ -285,7 +290,7 @@ def test_a_killed_mpirun_leaves_no_rank_behind(cluster, synthetic_corpus, tmp_pa
 
 def test_a_cut_link_under_horovodrun_gloo_ends_the_job(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, HOROVODRUN, synthetic_corpus[0], out,
+    outcome, seconds, left, _ = strike_mid_epoch_2(cluster, HOROVODRUN, synthetic_corpus[0], out,
                                                 lambda h: h.cut("host2"), "gloo cut")
     check("link cut mid-epoch", "horovodrun --gloo", outcome, seconds, left, out,
           "rank 1 on host2 went silent, last heard in training step (epoch 2", code=1, lines=(1, 2))
@@ -295,14 +300,14 @@ def test_a_cut_link_under_horovodrun_gloo_ends_the_job(cluster, synthetic_corpus
 
 def test_a_killed_horovodrun_leaves_no_rank_behind(cluster, synthetic_corpus, tmp_path):
     out = tmp_path / "out"
-    outcome, seconds, left = strike_mid_epoch_2(cluster, HOROVODRUN, synthetic_corpus[0], out,
-                                                lambda h: os.kill(launcher_pid(h, "horovodrun"), signal.SIGKILL),
-                                                "horovodrun killed")
+    _, _, left, cleared = strike_mid_epoch_2(cluster, HOROVODRUN, synthetic_corpus[0], out,
+                                             lambda h: os.kill(launcher_pid(h, "horovodrun"), signal.SIGKILL),
+                                             "horovodrun killed")
     position = checkpoint_position(latest_checkpoint(out))
-    record("SIGKILL to horovodrun", "horovodrun --gloo", seconds, outcome.returncode,
+    record("SIGKILL to horovodrun", "horovodrun --gloo", cleared, "killed",
            "(horovodrun is gone; the ranks end on their own)", len(left), position)
-    assert outcome.returncode == -signal.SIGKILL
-    assert left == []
+    # The ranks and ssh sessions on both hosts end by themselves, in bounded time.
+    assert left == [] and cleared < BOUND_S, (left, cleared)
     # The hang-up of the ranks' sessions reaches them as a signal: they may
     # agree to stop and save where they are, or end before that.
     assert position[0] == 1
@@ -335,14 +340,15 @@ def test_hosts_that_share_a_host_name_never_trip_the_watchdog(make_cluster, synt
     loopback: each rank's heartbeats still reach the other, for a run several times
     the watchdog's timeout."""
     hosts = make_cluster(names=["vm", "vm"])
-    out = tmp_path / "out"
-    args = train_args(synthetic_corpus[0], out, "-m", "collect", epochs=2)
+    out, log = tmp_path / "out", tmp_path / "train.log"
+    args = train_args(synthetic_corpus[0], out, "-m", "collect", "-l", log, epochs=2)
     args[args.index("--hang_timeout") + 1] = "5"
     args[args.index("--max_steps_per_epoch") + 1] = "0"  # 1000 steps an epoch
     outcome = hosts.start("host1", [*MPIRUN, *args], env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(200)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
     assert outcome.left_behind == [] and hosts.left_after(10) == []
-    names = re.findall(r"\[rank (\d)\] this host +(\S+)", outcome.stdout + outcome.stderr)
+    # Rank 1's lines reached rank 0's log: collect mode needs no host name either.
+    names = re.findall(r"\[rank (\d)\] this host +(\S+)", log.read_text())
     assert sorted(names) == [("0", "vm"), ("1", "vm")]
     results = json.loads((out / "results.json").read_text())
     # Training alone outlasted the timeout twice over.

@@ -106,6 +106,17 @@ def test_resume_after_an_epoch_is_exact(tmp_path, synthetic_corpus, straight):
     record_exactness("resume after epoch 1 vs 2 epochs straight (1 process)", assert_same_training(out, straight))
 
 
+def test_resume_mid_epoch_is_exact_with_onednn_on_and_off(tmp_path, synthetic_corpus, onednn):
+    """TensorFlow's oneDNN, on by default where the CPU has AVX512_VNNI, AVX512_BF16 or
+    AMX, runs other kernels: a resume is exact either way."""
+    straight_run, out = tmp_path / "straight", tmp_path / "out"
+    ok(lm_ptb(args(synthetic_corpus[0], straight_run), timeout=200))
+    proc = lm_ptb(args(synthetic_corpus[0], out), timeout=200, hooks=["--fault", "rank=0,epoch=1,step=4,mode=term"])
+    assert proc.returncode == 143 and stop_position(proc) == (2, 5), proc.stderr[-3000:]
+    ok(lm_ptb(args(synthetic_corpus[0], out, 2, "--resume"), timeout=200))
+    assert_same_training(out, straight_run)
+
+
 def test_resume_mid_epoch_after_sigterm_is_exact(tmp_path, synthetic_corpus, straight, interrupted_mid_epoch):
     out = tmp_path / "out"
     shutil.copytree(interrupted_mid_epoch, out)

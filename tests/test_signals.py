@@ -58,7 +58,7 @@ def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum,
     cmd = [*launcher, PYTHON, os.path.join(ROOT, script), *args]
     proc, seconds = signal_when(cmd, r"perplexity:", signum, 240, tmp_path, env)
     record(case, [*shown_launcher, "python", script, *args], proc, seconds)
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     assert seconds < EXIT_BOUND_S
     rank_lines = [re.sub("^" + rank_prefix, "", line) for line in proc.stderr.splitlines()
                   if re.match(rank_prefix, line)]
