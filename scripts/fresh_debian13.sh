@@ -30,6 +30,9 @@ cleanup() {
     for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
 }
 trap cleanup EXIT
+# The root a mount of its own: `ip netns exec` (the tests' namespace hosts) remounts
+# "/" as a slave, which fails on a folder that is no mount point.
+mount --bind "$root" "$root" && mounted+=("$root")
 mount -t proc proc "$root/proc" && mounted+=("$root/proc")
 for dir in sys dev dev/pts run; do
     mkdir -p "$root/$dir"
