@@ -41,6 +41,8 @@ import sys
 import threading
 import time
 
+from runtime.hosts import local_addresses, machine_identity
+
 HANG_EXIT = 3
 DEFAULT_TIMEOUT_S = 120.0
 TRACING_FACTOR = 4
@@ -183,29 +185,6 @@ def _addresses_of(host):
 
 def _start_time(pid):
     return _stat(pid)[19]
-
-
-def local_addresses():
-    """This host's IPv4 addresses other than loopback."""
-    import psutil  # a dependency of Horovod
-    found = []
-    for addresses in psutil.net_if_addrs().values():
-        for address in addresses:
-            if address.family == socket.AF_INET and not address.address.startswith("127."):
-                found.append(address.address)
-    return found
-
-
-def machine_identity():
-    """What two ranks share exactly when they share a network stack: this boot of
-    this kernel and this network namespace. Host names do not tell: cloned VMs
-    and containers started with one --hostname share theirs."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
-    except OSError:  # no /proc: only loopback-free addresses are trusted
-        return None
 
 
 def driver_reachable(timeout_s=2.0):

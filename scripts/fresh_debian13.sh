@@ -24,6 +24,9 @@ fi
 # This machine's certificates and resolver: pip and apt inside must reach their mirrors as they do here.
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The host name on 127.0.1.1, as Debian's installer writes it (debootstrap writes no /etc/hosts):
+# Gloo resolves it.
+printf '127.0.0.1 localhost\n127.0.1.1 %s\n::1 localhost ip6-localhost ip6-loopback\n' "$(hostname)" >"$root/etc/hosts"
 
 mounted=()
 cleanup() {

@@ -5,7 +5,11 @@ Fault injection, in the spirit of Horovod's elastic tests: the spec
 of epoch 1 (both 0-based); "host=host2" in place of the rank picks the
 process on that host, whatever rank an elastic reset gives it. With
 "at=evaluation" it fails as the validation after epoch 1 starts instead,
-with "at=checkpoint" as the checkpoint of that position starts (step 0: the
+with "at=waiting" inside that validation's first wait for rank 0 (a rank
+other than 0, under --eval_mode rank0: the loop reports progress from within
+the rendezvous), with "at=test" as the test evaluation starts, with
+"at=checkpoint" as the
+checkpoint of that position starts (step 0: the
 one after epoch E's end), each after the watchdog has announced the phase,
 and with "at=begin" as each attempt of its process starts (no epoch or step).
 Modes: exception (raises), kill (SIGKILL to itself), term (SIGTERM to itself,
@@ -35,7 +39,7 @@ import time
 from runtime.callbacks import StepCallback
 
 MODES = ("exception", "kill", "term", "stop", "hang", "pause")
-POINTS = ("step", "evaluation", "checkpoint", "begin")
+POINTS = ("step", "evaluation", "waiting", "test", "checkpoint", "begin")
 
 
 class FaultInjectedError(RuntimeError):
@@ -66,6 +70,8 @@ def parse_fault(spec):
 class Fault(StepCallback):
     """Fails as `mode` says once, on `rank` (or on `host`), just before step `step`
     of `epoch`, or (at="evaluation") as the validation after `epoch` starts, or
+    (at="waiting") inside that validation's first wait for rank 0, or
+    (at="test") as the test evaluation starts, or
     (at="checkpoint") as the checkpoint at `epoch`, `step` starts, `epoch`
     counting finished epochs as the loop's before_checkpoint does, or
     (at="begin") as an attempt starts."""
@@ -75,6 +81,7 @@ class Fault(StepCallback):
         self.at, self.release = at, release
         self.armed = False
         self.fired = False
+        self.in_validation = False  # at="waiting": inside the validation after `epoch`
 
     def begin(self, rank, size, epoch, step):
         # The rank of this attempt: an elastic reset may renumber the ranks.
@@ -84,12 +91,20 @@ class Fault(StepCallback):
             self._fire(f"the start of an attempt of {size} ranks at epoch {epoch} step {step}")
 
     def before_step(self, epoch, step):
+        self.in_validation = False
         if self.at == "step" and (epoch, step) == (self.epoch, self.step):
             self._fire(f"epoch {epoch} step {step}")
 
     def before_evaluation(self, split, epoch):
         if self.at == "evaluation" and (split, epoch) == ("valid", self.epoch):
             self._fire(f"the validation after epoch {epoch}")
+        elif self.at == "test" and split == "test":
+            self._fire("the test evaluation")
+        self.in_validation = (split, epoch) == ("valid", self.epoch)
+
+    def progress(self):
+        if self.at == "waiting" and self.in_validation:
+            self._fire(f"a wait for rank 0 in the validation after epoch {self.epoch}")
 
     def before_checkpoint(self, epoch, step):
         if self.at == "checkpoint" and (epoch, step) == (self.epoch, self.step):
@@ -115,6 +130,18 @@ class Fault(StepCallback):
                 time.sleep(0.05)
         else:
             raise FaultInjectedError(f"injected fault at {where} on rank {self.current_rank}")
+
+
+def pause_hooks(release, ranks=(0,), at="step", epoch=0, step=5):
+    """tests/hooked_entry.py's flags that pause each of `ranks` at one named point
+    until the file `release` exists."""
+    return [word for rank in ranks
+            for word in ("--fault", f"rank={rank},epoch={epoch},step={step},mode=pause,at={at},release={release}")]
+
+
+def all_paused(text, ranks=(0,)):
+    """Whether `text` (a launch's output) shows every one of `ranks` paused."""
+    return all(f"fault injection: rank {rank} paused" in text for rank in ranks)
 
 
 def fault_time(text):

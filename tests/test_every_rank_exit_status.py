@@ -13,9 +13,10 @@ import signal
 
 import pytest
 
-from conftest import (MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, error_lines, latest_checkpoint,
-                      run_command, run_with_actions)
+from conftest import (HOOKED_ENTRY, MPIRUN, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
+                      latest_checkpoint, run_command, run_with_actions)
 from harness.launch import tagged_pids
+from hooks import all_paused, pause_hooks
 from test_disk_full import tmpfs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(200)
@@ -23,15 +24,17 @@ pytestmark = pytest.mark.timeout(200)
 SCRIPT = os.path.join(ROOT, "lm_ptb_distributed.py")
 
 
-def ranks_recording_their_status(status_dir, args):
-    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py and writes its exit status.
+def ranks_recording_their_status(status_dir, args, hooks=()):
+    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py (with `hooks`, through
+    tests/hooked_entry.py) and writes its exit status.
 
     mpirun does not abort the job when the first rank fails: each rank must
     reach its own status, and write it, without being killed. (mpirun then
     exits 0; test_bad_input.py checks its status in the default mode.)
     """
     os.makedirs(status_dir, exist_ok=True)
-    shell = (f'{shlex.quote(PYTHON)} {shlex.quote(SCRIPT)} "$@"; status=$?; '
+    command = " ".join(shlex.quote(word) for word in entry("lm_ptb_distributed.py", hooks))
+    shell = (f'{command} "$@"; status=$?; '
              f'echo $status > {shlex.quote(str(status_dir))}/$OMPI_COMM_WORLD_RANK; exit $status')
     return [*MPIRUN, "-mca", "orte_abort_on_non_zero_status", "0", "-np", "2", "sh", "-c", shell, "rank",
             *map(str, args)]
@@ -95,21 +98,27 @@ def rank_pid(launch, rank):
                 environ = f.read().split(b"\0")
         except OSError:
             continue
-        if len(words) > 1 and words[1] == SCRIPT.encode() and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+        ours = len(words) > 1 and words[1] in (SCRIPT.encode(), HOOKED_ENTRY.encode())
+        if ours and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
             return pid
     raise AssertionError(f"no rank {rank} among {tagged_pids(launch.tag)}")
 
 
 @pytest.mark.timeout(200)
 def test_sigterm_to_one_rank_stops_every_rank_with_143(tmp_path, synthetic_corpus):
-    out = tmp_path / "out"
+    """Rank 1 gets SIGTERM while both ranks pause before step 6: both stop after it."""
+    out, release = tmp_path / "out", tmp_path / "release"
     args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000")
-    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args),
-                               [(lambda launch: "perplexity:" in launch.stdout(),
-                                 lambda launch: os.kill(rank_pid(launch, 1), signal.SIGTERM))], 150, tmp_path)
+
+    def strike(launch):
+        os.kill(rank_pid(launch, 1), signal.SIGTERM)
+        open(release, "w").close()
+
+    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args, pause_hooks(release, (0, 1))),
+                               [(lambda launch: all_paused(launch.stderr(), (0, 1)), strike)], 150, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, outcome.stderr[-3000:]
     stops = re.findall(r"stopped by signal at epoch (\d+) step (\d+)", outcome.stderr)
-    assert len(stops) == 2 and stops[0] == stops[1], outcome.stderr[-3000:]
+    assert stops == [("1", "6")] * 2, outcome.stderr[-3000:]
     assert_one_error_line(outcome.stderr, f"Resume with --resume --output_dir {out}")
     assert checkpoint_position(latest_checkpoint(out)) == (0, int(stops[0][1]))
 
@@ -131,20 +140,24 @@ def fill(path):
 @pytest.mark.timeout(200)
 def test_disk_full_on_two_ranks_stops_both_with_1_and_keeps_the_last_checkpoint(tmpfs, tmp_path,  # noqa: F811
                                                                                  synthetic_corpus):
-    """The disk fills mid-epoch, between checkpoints (one every 2 steps, so no
-    metrics.jsonl write comes first): the next checkpoint write fails."""
+    """The disk fills mid-epoch, while both ranks pause as the checkpoint of step 4
+    starts (one every 2 steps): that write fails, and step 2's is kept."""
     disk = tmpfs("8m")
-    out = disk / "out"
+    out, release = disk / "out", tmp_path / "release"
     args = tiny(synthetic_corpus[0], out, "--max_steps_per_epoch", "100000", "--checkpoint_every", "2",
                 "--keep_checkpoints", "1")
-    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args),
-                               [(lambda launch: (out / "checkpoints" / "checkpoint").exists(),
-                                 lambda launch: fill(disk / "ballast"))], 150, tmp_path)
+
+    def strike(launch):
+        fill(disk / "ballast")
+        open(release, "w").close()
+
+    hooks = pause_hooks(release, (0, 1), at="checkpoint", step=4)
+    outcome = run_with_actions(ranks_recording_their_status(tmp_path / "status", args, hooks),
+                               [(lambda launch: all_paused(launch.stderr(), (0, 1)), strike)], 150, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 1, "1": 1}, outcome.stderr[-3000:]
     assert_one_error_line(outcome.stderr, f"cannot write a checkpoint to {out}/checkpoints (No space left on device)")
     kept = re.search(r"the last complete one \((\S+)\) is intact: free some space and resume from it with --resume$",
                      error_lines(outcome.stderr)[0])
     assert kept, error_lines(outcome.stderr)
     assert latest_checkpoint(out) == kept.group(1)
-    epoch, step = checkpoint_position(kept.group(1))  # reads every tensor
-    assert (epoch, step % 2) == (0, 0) and step > 0
+    assert checkpoint_position(kept.group(1)) == (0, 2)  # reads every tensor

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from conftest import MPIRUN, PYTHON, RUN_ENV, ROOT, checkpoint_position, latest_checkpoint
+from conftest import MPIRUN, RUN_ENV, ROOT, checkpoint_position, entry, latest_checkpoint
 from failure_helpers import EXIT_BOUND_S, GLOO_ENV, HOROVODRUN_2, record, tiny
 from harness.launch import Launch
+from hooks import all_paused, pause_hooks
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,19 +24,22 @@ MPIRUN_SIGTERM_EXIT = 1
 HOROVODRUN_SIGTERM_EXIT = 1
 
 
-def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
-    """Starts cmd, sends signum to it once stdout shows pattern; returns (proc, seconds to exit).
+def signal_when(cmd, ranks, release, signum, timeout, logdir, env=None):
+    """Starts cmd, whose `ranks` pause at a named point (tests/hooks.py) until `release`
+    exists; sends signum to cmd once they all have, then releases them. Returns (proc,
+    seconds to exit).
 
     Whatever of the run is left when it ends or times out is killed (harness/launch.py)."""
     launch = Launch(cmd, env=dict(os.environ, **RUN_ENV, **(env or {})), cwd=ROOT, workdir=str(logdir))
     deadline = time.monotonic() + timeout
     try:
-        while not re.search(pattern, launch.stdout()):
+        while not all_paused(launch.stdout() + launch.stderr(), ranks):
             if launch.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"never saw {pattern!r}: {launch.stderr()[-3000:]}")
-            time.sleep(0.2)
+                pytest.fail(f"the ranks never paused: {launch.stderr()[-3000:]}")
+            time.sleep(0.1)
         sent = time.monotonic()
         launch.send_signal(signum)
+        open(release, "w").close()
         ended = launch.wait(max(1.0, deadline - time.monotonic()))
         seconds = time.monotonic() - sent
     finally:
@@ -47,16 +51,18 @@ def signal_when(cmd, pattern, signum, timeout, logdir, env=None):
 
 
 def signal_run(case, launcher, shown_launcher, script, tmp_path, corpus, signum, code, env=None, rank_prefix=""):
-    """Signals a run once it trains; checks its exit status `code` and that it saved where the ranks agreed to stop.
+    """Signals a run while every rank pauses before step 6 of epoch 1; checks its exit status
+    `code` and that it saved where the ranks agreed to stop.
 
-    mpirun forwards the ranks' output late, so the stop may come an epoch on;
+    A launcher forwards the signal when it does, so the stop may come steps later;
     three long epochs keep it inside training. rank_prefix is how the launcher
     marks the ranks' lines (horovodrun: "[1]<stderr>:").
     """
-    out = tmp_path / "out"
+    out, release = tmp_path / "out", tmp_path / "release"
     args = tiny(corpus, out, "--max_steps_per_epoch", "100000", epochs=3)
-    cmd = [*launcher, PYTHON, os.path.join(ROOT, script), *args]
-    proc, seconds = signal_when(cmd, r"perplexity:", signum, 240, tmp_path, env)
+    ranks = (0, 1) if launcher else (0,)
+    cmd = [*launcher, *entry(script, pause_hooks(release, ranks)), *args]
+    proc, seconds = signal_when(cmd, ranks, release, signum, 240, tmp_path, env)
     record(case, [*shown_launcher, "python", script, *args], proc, seconds)
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     assert seconds < EXIT_BOUND_S
@@ -77,6 +83,8 @@ def test_sigint_to_one_process_saves_and_exits_130(tmp_path, synthetic_corpus):
     proc, _, _ = signal_run("SIGINT (Ctrl-C) to lm_ptb.py mid-epoch", [], [], "lm_ptb.py", tmp_path,
                             synthetic_corpus[0], signal.SIGINT, 128 + signal.SIGINT)
     assert proc.returncode == 128 + signal.SIGINT
+    # The signal came while the process paused before step 6: it stopped after that step.
+    assert "stopped by signal at epoch 1 step 6;" in proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(300)

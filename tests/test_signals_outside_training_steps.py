@@ -2,10 +2,10 @@
 
 The stop flag is read at training steps: a signal during an evaluation takes
 effect at the next step, after the epoch's checkpoint; one after the last step
-is ignored and the run finishes normally. The corpus here has valid and test
-splits as long as the training text, so that each evaluation lasts seconds and
-a signal sent as soon as the output or the files show that one has begun lands
-inside it.
+is ignored and the run finishes normally. Each signal is sent while the ranks
+pause as an evaluation starts (tests/hooks.py), and lands inside it: the corpus
+here has valid and test splits as long as the training text, so that each
+evaluation lasts seconds after the release.
 """
 import json
 import os
@@ -15,7 +15,8 @@ import signal
 import pytest
 import tensorflow as tf
 
-from conftest import MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, error_lines, run_with_actions
+from conftest import MPIRUN, TINY_CONFIG, checkpoint_position, entry, error_lines, run_with_actions
+from hooks import pause_hooks
 from test_every_rank_exit_status import rank_pid, ranks_recording_their_status, statuses
 
 STEPS = 8
@@ -35,15 +36,24 @@ def args(data, out, epochs):
             "--max_steps_per_epoch", str(STEPS)]
 
 
-def validating(epoch, epochs):
-    """True once the last step of `epoch` has been logged and its validation has not ended."""
-    return lambda launch: (launch.stdout().count("1.000 perplexity") == epoch
-                           and f"epoch {epoch}/{epochs}: train perplexity" not in launch.stdout())
+def at_validation(release, epoch, ranks=(0,)):
+    """Hooks that pause `ranks` as the validation after epoch `epoch` (1-based) starts."""
+    return pause_hooks(release, ranks, at="evaluation", epoch=epoch - 1)
 
 
-def in_the_test_evaluation(out):
-    """True once a one-epoch run's last checkpoints are written (best/ is last), before its test perplexity."""
-    return lambda launch: (out / "best" / "checkpoint").exists() and "test perplexity" not in launch.stdout()
+def at_test(release, ranks=(0,)):
+    """Hooks that pause `ranks` as the test evaluation starts."""
+    return pause_hooks(release, ranks, at="test")
+
+
+def paused(where, ranks=(0,)):
+    """True once every one of `ranks` has paused at `where` (tests/hooks.py's fault line)."""
+    return lambda launch: all(f"fault injection: rank {rank} paused at {where} " in launch.stderr() for rank in ranks)
+
+
+VALIDATION_1 = "the validation after epoch 0"  # hooks.py counts epochs from 0
+WAITING_1 = "a wait for rank 0 in the validation after epoch 0"
+TEST = "the test evaluation"
 
 
 def checkpoints(out):
@@ -56,19 +66,27 @@ def metrics_epochs(out):
         return [json.loads(line)["epoch"] for line in f]
 
 
-def to_the_launcher(signum):
-    return lambda launch: launch.send_signal(signum)
+def to_the_launcher(signum, release):
+    """Sends signum to the launcher, then lets the paused ranks go on."""
+    def act(launch):
+        launch.send_signal(signum)
+        open(release, "w").close()
+    return act
 
 
-def to_rank(rank, signum):
-    return lambda launch: os.kill(rank_pid(launch, rank), signum)
+def to_rank(rank, signum, release):
+    def act(launch):
+        os.kill(rank_pid(launch, rank), signum)
+        open(release, "w").close()
+    return act
 
 
 @pytest.mark.timeout(150)
 def test_sigint_during_an_evaluation_stops_after_the_next_step(tmp_path, long_evaluations):
     out = tmp_path / "out"
-    result = run_with_actions([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args(long_evaluations, out, 2)],
-                              [(validating(1, 2), to_the_launcher(signal.SIGINT))], 120, tmp_path)
+    release = tmp_path / "release"
+    result = run_with_actions([*entry("lm_ptb.py", at_validation(release, 1)), *args(long_evaluations, out, 2)],
+                              [(paused(VALIDATION_1), to_the_launcher(signal.SIGINT, release))], 120, tmp_path)
     assert result.returncode == 128 + signal.SIGINT, result.stderr[-3000:]
     # The evaluation ran to its end and the epoch's checkpoint was written; the
     # run stopped at the next step and saved there.
@@ -84,9 +102,11 @@ def test_sigint_during_an_evaluation_stops_after_the_next_step(tmp_path, long_ev
 def test_sigterm_after_the_last_step_is_ignored(tmp_path, long_evaluations):
     """One SIGTERM during the last validation, one during the test evaluation."""
     out = tmp_path / "out"
-    result = run_with_actions([PYTHON, os.path.join(ROOT, "lm_ptb.py"), *args(long_evaluations, out, 1)],
-                              [(validating(1, 1), to_the_launcher(signal.SIGTERM)),
-                               (in_the_test_evaluation(out), to_the_launcher(signal.SIGTERM))], 120, tmp_path)
+    first, second = tmp_path / "release1", tmp_path / "release2"
+    result = run_with_actions([*entry("lm_ptb.py", [*at_validation(first, 1), *at_test(second)]),
+                               *args(long_evaluations, out, 1)],
+                              [(paused(VALIDATION_1), to_the_launcher(signal.SIGTERM, first)),
+                               (paused(TEST), to_the_launcher(signal.SIGTERM, second))], 120, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test perplexity" in result.stdout and "results: " in result.stdout
     assert error_lines(result.stderr) == [] and "stopped by signal" not in result.stderr
@@ -99,8 +119,11 @@ def test_sigterm_after_the_last_step_is_ignored(tmp_path, long_evaluations):
 def test_sigterm_to_a_rank_waiting_for_rank_0s_evaluation(tmp_path, long_evaluations):
     """Rank 1 waits at the rendezvous while rank 0 validates: both stop after the next step, with 143."""
     out = tmp_path / "out"
-    result = run_with_actions(ranks_recording_their_status(tmp_path / "status", args(long_evaluations, out, 2)),
-                              [(validating(1, 2), to_rank(1, signal.SIGTERM))], 180, tmp_path)
+    release = tmp_path / "release"
+    waiting = pause_hooks(release, (1,), at="waiting", epoch=0)
+    result = run_with_actions(ranks_recording_their_status(tmp_path / "status", args(long_evaluations, out, 2),
+                                                           waiting),
+                              [(paused(WAITING_1, (1,)), to_rank(1, signal.SIGTERM, release))], 180, tmp_path)
     assert statuses(tmp_path / "status") == {"0": 143, "1": 143}, result.stderr[-3000:]
     assert len(error_lines(result.stderr)) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert re.findall(r"stopped by signal at epoch (\d+) step (\d+)", result.stderr) == [("2", "1")] * 2
@@ -112,9 +135,10 @@ def test_sigterm_to_a_rank_waiting_for_rank_0s_evaluation(tmp_path, long_evaluat
 def test_sigusr1_to_mpirun_during_the_test_evaluation_is_ignored(tmp_path, long_evaluations):
     """mpirun forwards SIGUSR1 to every rank at once (RELIABILITY.md)."""
     out = tmp_path / "out"
-    result = run_with_actions([*MPIRUN, "-np", "2", PYTHON, os.path.join(ROOT, "lm_ptb_distributed.py"),
+    release = tmp_path / "release"
+    result = run_with_actions([*MPIRUN, "-np", "2", *entry("lm_ptb_distributed.py", at_test(release, (0, 1))),
                                *args(long_evaluations, out, 1)],
-                              [(in_the_test_evaluation(out), to_the_launcher(signal.SIGUSR1))], 180, tmp_path)
+                              [(paused(TEST, (0, 1)), to_the_launcher(signal.SIGUSR1, release))], 180, tmp_path)
     assert "Forwarding signal 10 to job" in result.stderr
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test perplexity" in result.stdout and "stopped by signal" not in result.stderr
