@@ -79,13 +79,15 @@ def rank_pid(hosts, host):
 
 
 def launcher_pid(hosts, name):
+    """The launcher `name` on host1 (Open MPI 5's mpirun runs as prterun)."""
+    names = {name.encode(), b"prterun"} if name == "mpirun" else {name.encode()}
     for pid in hosts.pids("host1"):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
         except OSError:
             continue
-        if any(os.path.basename(w) == name.encode() for w in words[:2]):
+        if any(os.path.basename(w) in names for w in words[:2]):
             return pid
     raise AssertionError(f"no {name} on host1")
 
