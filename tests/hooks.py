@@ -139,9 +139,11 @@ def pause_hooks(release, ranks=(0,), at="step", epoch=0, step=5):
             for word in ("--fault", f"rank={rank},epoch={epoch},step={step},mode=pause,at={at},release={release}")]
 
 
-def all_paused(text, ranks=(0,)):
-    """Whether `text` (a launch's output) shows every one of `ranks` paused."""
-    return all(f"fault injection: rank {rank} paused" in text for rank in ranks)
+def all_paused(text, ranks=(0,), where=""):
+    """Whether `text` (a launch's output) shows every one of `ranks` paused (at `where`,
+    the point as the fault line names it, when given)."""
+    line = f" at {where} " if where else " "
+    return all(f"fault injection: rank {rank} paused{line}" in text for rank in ranks)
 
 
 def fault_time(text):

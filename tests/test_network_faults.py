@@ -20,6 +20,7 @@ import time
 import pytest
 
 import synthetic_ptb
+from hooks import pause_hooks
 from conftest import (CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
                       latest_checkpoint)
 
@@ -105,8 +106,7 @@ def paused(release, at="step", epoch=1, step=15):
     """Hooks that pause both ranks at one named point (tests/hooks.py) until `release`
     exists: before step `step` of `epoch`, or as the validation after `epoch` starts
     (0-based). The fault strikes there, whatever the speed of the machine."""
-    return [word for rank in (0, 1)
-            for word in ("--fault", f"rank={rank},epoch={epoch},step={step},mode=pause,at={at},release={release}")]
+    return pause_hooks(release, (0, 1), at=at, epoch=epoch, step=step)
 
 
 BOTH_PAUSED = (r"fault injection: rank 0 paused", r"fault injection: rank 1 paused")

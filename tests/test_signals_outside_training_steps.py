@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import MPIRUN, TINY_CONFIG, checkpoint_position, entry, error_lines, run_with_actions
-from hooks import pause_hooks
+from hooks import all_paused, pause_hooks
 from test_every_rank_exit_status import rank_pid, ranks_recording_their_status, statuses
 
 STEPS = 8
@@ -48,7 +48,7 @@ def at_test(release, ranks=(0,)):
 
 def paused(where, ranks=(0,)):
     """True once every one of `ranks` has paused at `where` (tests/hooks.py's fault line)."""
-    return lambda launch: all(f"fault injection: rank {rank} paused at {where} " in launch.stderr() for rank in ranks)
+    return lambda launch: all_paused(launch.stderr(), ranks, where)
 
 
 VALIDATION_1 = "the validation after epoch 0"  # hooks.py counts epochs from 0
