@@ -30,16 +30,27 @@ fi
 
 # 1. System packages. Horovod's MPI controller needs the Open MPI headers and
 #    mpirun; its build needs cmake and a C++ compiler. The tests' namespace
-#    hosts (tests/cluster.py) need iproute2, util-linux's unshare and OpenSSH.
+#    hosts (tests/cluster.py) need iproute2, util-linux's unshare and OpenSSH;
+#    their Slurm cluster (harness/slurm.py) needs Slurm, munge and the pmix plugin.
 missing=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++ make patch iproute2 util-linux openssh-server openssh-client; do
+for pkg in openmpi-bin libopenmpi-dev cmake g++ make patch iproute2 util-linux openssh-server openssh-client \
+           slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
         say "installing ${missing[*]} with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        (
+            # A policy-rc.d answering 101 keeps the packages' scripts from starting
+            # sshd, munged, slurmctld and slurmd: the tests start their own.
+            if [ ! -e /usr/sbin/policy-rc.d ]; then
+                trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+                printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+                chmod 755 /usr/sbin/policy-rc.d
+            fi
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        )
     else
         echo "setup: missing system packages: ${missing[*]}. Install them with: sudo apt-get install -y ${missing[*]}" >&2
         exit 1
