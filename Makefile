@@ -1,7 +1,8 @@
 # make demo   2-rank Horovod training on the bundled synthetic corpus (installs what is missing)
 # make test   the whole test suite (installs what is missing)
 # make setup  only the install step; a second run skips finished steps in seconds
-# make setup GPU=1  the CUDA variant: tensorflow[and-cuda] and Horovod with NCCL (not run on the CPU-only dev machines)
+# make setup GPU=1  the CUDA variant: tensorflow[and-cuda] and Horovod with NCCL, built from pip's CUDA 12 wheels
+# make check-gpu    builds that variant in .venv-gpu beside .venv and checks it without a GPU (not part of make test)
 # make bench  the speed benchmark (writes BENCHMARKS.md); builds .venv-torch for the PyTorch reference
 PY := .venv/bin/python
 # LD_LIBRARY_PATH only when set: an unset one makes mpirun warn before the run's first line.
@@ -12,7 +13,7 @@ MPIRUN := mpirun --allow-run-as-root --oversubscribe -bind-to none -map-by slot 
 SYNTH := data/synthetic
 TORCH_VENV := .venv-torch
 
-.PHONY: setup test demo bench synthetic clean
+.PHONY: setup test demo bench synthetic clean check-gpu
 
 GPU ?= 0
 
@@ -46,6 +47,9 @@ $(TORCH_VENV)/bin/python:
 
 bench: setup $(TORCH_VENV)/bin/python
 	$(PY) bench.py
+
+check-gpu:
+	@bash scripts/check_gpu_build.sh
 
 clean:
 	rm -rf output .pytest_cache $(TORCH_VENV).tmp

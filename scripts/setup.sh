@@ -5,16 +5,18 @@
 # A second run checks each step and skips it in seconds.
 #
 # GPU=1 (make setup GPU=1) installs the CUDA build of the same TensorFlow,
-# tensorflow[and-cuda], in place of tensorflow-cpu, and builds Horovod
-# with NCCL for the GPU collectives (HOROVOD_GPU_OPERATIONS=NCCL; it needs the
-# CUDA toolkit, nvcc, under CUDA_HOME, and NCCL where Horovod's build finds it,
-# or under HOROVOD_NCCL_HOME). The project's machines have no GPU: this
-# variant has not been run there. Without GPU=1 nothing below changes.
+# tensorflow[and-cuda], in place of tensorflow-cpu, and builds Horovod with
+# NCCL for the GPU collectives (HOROVOD_GPU_OPERATIONS=NCCL) from pip's CUDA 12
+# wheels alone, with the GPU patches (scripts/horovod_patches/gpu/): no CUDA
+# toolkit is needed, and one of the system is left aside. The project's
+# machines have no GPU: the build is checked there (scripts/check_gpu_build.sh),
+# not run on a GPU. Without GPU=1 nothing below changes. VENV names another
+# venv than .venv (check_gpu_build.sh builds .venv-gpu beside it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 HOROVOD_VERSION=0.28.1
-VENV=.venv
+VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 GPU=${GPU:-0}
 [ "$GPU" = 1 ] || GPU=0
@@ -74,8 +76,14 @@ if [ ! -f "$stamp" ]; then
         # install the same package folder, so the other one goes first.
         say "GPU=1: tensorflow[and-cuda] in place of tensorflow-cpu"
         "$VENV/bin/pip" uninstall -q -y tensorflow-cpu 2>/dev/null || true
-        sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' requirements.txt >"$VENV/requirements-gpu.txt"
-        "$VENV/bin/pip" install -q -r "$VENV/requirements-gpu.txt"
+        # CUDA's C++ headers (cuda_fp16.h needs <nv/target>) for Horovod's build,
+        # of the CUDA 12.9 that TensorFlow's wheels bring.
+        { sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' requirements.txt; echo 'nvidia-cuda-cccl-cu12==12.9.27'; } \
+            >"$VENV/requirements-gpu.txt"
+        "$VENV/bin/pip" install -q -r "$VENV/requirements-gpu.txt" >"$VENV/pip-gpu.log" 2>&1 || {
+            echo "setup: GPU=1: pip could not install tensorflow[and-cuda] and its CUDA wheels ($(grep -m1 -E '^ERROR' "$VENV/pip-gpu.log" || tail -n1 "$VENV/pip-gpu.log")); its log: $VENV/pip-gpu.log" >&2
+            exit 1
+        }
     else
         # Back from a GPU=1 venv: its tensorflow would shadow tensorflow-cpu.
         if ls "$VENV"/.requirements-gpu-* >/dev/null 2>&1; then
@@ -107,7 +115,8 @@ patches=scripts/horovod_patches
 tf_package=tensorflow-cpu
 [ "$GPU" = 1 ] && tf_package=tensorflow
 tf_version=$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$tf_package")
-hvd_key=$( { cat "$patches"/*.patch; echo "$tf_version GPU=$GPU"; "$VENV/bin/python" -c 'import sys; print(sys.version)'; } \
+# The GPU patches are in the GPU build's key alone: the CPU build's key stays as it was.
+hvd_key=$( { cat "$patches"/*.patch; [ "$GPU" = 0 ] || cat "$patches"/gpu/*.patch; echo "$tf_version GPU=$GPU"; "$VENV/bin/python" -c 'import sys; print(sys.version)'; } \
     | sha256sum | cut -c1-16)
 wheels=${XDG_CACHE_HOME:-$HOME/.cache}/lm_ptb/horovod-$HOROVOD_VERSION-$hvd_key
 stamp_hvd="$VENV/.horovod-$hvd_key"
@@ -117,30 +126,56 @@ else
     if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
         build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
                    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)")
-        if [ "$GPU" = 1 ]; then
-            cuda_home=${CUDA_HOME:-/usr/local/cuda}
-            [ -x "$cuda_home/bin/nvcc" ] || command -v nvcc >/dev/null || {
-                echo "setup: GPU=1 builds Horovod with NCCL, which needs the CUDA toolkit: no nvcc in $cuda_home/bin or on PATH; set CUDA_HOME" >&2
-                exit 1
-            }
-            build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home")
-        fi
-        say "building horovod==$HOROVOD_VERSION with TensorFlow $tf_version, MPI and Gloo$([ "$GPU" = 1 ] && echo " and NCCL") and $(ls "$patches"/*.patch | wc -l) patches (a few minutes, once)"
+        patch_files=("$patches"/*.patch)
+        [ "$GPU" = 0 ] || patch_files+=("$patches"/gpu/*.patch)
+        say "building horovod==$HOROVOD_VERSION with TensorFlow $tf_version, MPI and Gloo$([ "$GPU" = 1 ] && echo " and NCCL") and ${#patch_files[@]} patches (a few minutes, once)"
         work=$(mktemp -d)
         trap 'rm -rf "$work"' EXIT
+        if [ "$GPU" = 1 ]; then
+            # CUDA comes from the venv's wheels, the CUDA 12 that TensorFlow runs
+            # with: the runtime's headers and libraries, CCCL's headers, NVRTC for
+            # the kernels (GPU patch 04, since pip has no CUDA 12 nvcc) and NCCL.
+            # The build's own toolkit and NCCL folders link to them under the names
+            # that CMake looks for.
+            nvidia=$("$VENV/bin/python" -c 'import nvidia; print(list(nvidia.__path__)[0])')
+            cuda_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime-cu12"))')
+            nvcc=$(command -v "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" nvcc 2>/dev/null | head -n1 || true)
+            if [ -n "$nvcc" ]; then
+                say "GPU=1: the CUDA $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p') toolkit of $nvcc is left aside: Horovod builds with the venv's CUDA $cuda_version wheels, which TensorFlow runs with"
+            fi
+            toolkit=$work/cuda
+            mkdir -p "$toolkit/include" "$toolkit/lib64" "$work/nccl/lib"
+            echo "CUDA Version $cuda_version" >"$toolkit/version.txt"
+            for wheel in cuda_runtime cuda_nvcc cuda_nvrtc cuda_cccl; do
+                ln -s "$nvidia/$wheel/include/"* "$toolkit/include/"
+            done
+            ln -s "$nvidia/cuda_runtime/lib/libcudart_static.a" "$toolkit/lib64/"
+            ln -s "$nvidia/cuda_runtime/lib/libcudart.so.12" "$toolkit/lib64/libcudart.so"
+            ln -s "$nvidia/cuda_nvrtc/lib/libnvrtc.so.12" "$toolkit/lib64/libnvrtc.so"
+            ln -s "$nvidia/nccl/include" "$work/nccl/include"
+            ln -s "$nvidia/nccl/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so"
+            # TensorFlow 2.21's XLA headers include HighwayHash and FarmHash by
+            # paths within their own folders, which tf.sysconfig does not give.
+            # NVTX (profiler ranges) would come from a system toolkit: left out.
+            tf_include=$("$VENV/bin/python" -c 'import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec("tensorflow").origin), "include"))')
+            build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+                        CUDAToolkit_ROOT="$toolkit" HOROVOD_WITHOUT_NVTX=1
+                        CXXFLAGS="${CXXFLAGS:-} -I$tf_include/external/highwayhash -I$tf_include/external/farmhash_archive/src")
+        fi
         "$VENV/bin/pip" download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
         tar --no-same-owner -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
-        for patch_file in "$patches"/*.patch; do
+        for patch_file in "${patch_files[@]}"; do
             patch -d "$work/horovod-$HOROVOD_VERSION" -p1 --batch --forward --quiet <"$patch_file"
         done
         mkdir -p "$wheels.tmp"
         env "${build_env[@]}" "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$wheels.tmp" \
-            "$work/horovod-$HOROVOD_VERSION" >"$work/build.log" 2>&1 || {
-            tail -n 40 "$work/build.log" >&2
-            echo "setup: building horovod failed; the end of its log is above" >&2
+            "$work/horovod-$HOROVOD_VERSION" >"$wheels.log" 2>&1 || {
+            # Its first errors (the compiler's, CMake's or NVRTC's), not the traceback that ends the log.
+            grep -m 3 -A 3 -E 'error:|CMake Error|NVRTC failed' "$wheels.log" >&2 || tail -n 20 "$wheels.log" >&2
+            echo "setup: building horovod failed; its first errors are above, its whole log is $wheels.log" >&2
             exit 1
         }
-        rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+        rm -rf "$wheels" "$wheels.log" && mv "$wheels.tmp" "$wheels"
     fi
     say "installing horovod==$HOROVOD_VERSION from $wheels"
     # Its own dependencies are pinned in requirements.txt.
