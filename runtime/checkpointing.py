@@ -9,13 +9,20 @@ so a 2-rank checkpoint resumes on 1 rank (and back) at the same global batch.
 """
 import dataclasses
 import json
+import logging
 import os
 import re
 
 import numpy as np
 import tensorflow as tf
 
+from runtime.atomic_files import atomic_write
 from runtime.errors import CheckpointError
+
+log = logging.getLogger("lm_ptb")
+# An output folder's checkpoint folders: the latest few, and the best by validation.
+LATEST_DIR, BEST_DIR = "checkpoints", "best"
+_FILE = re.compile(r"(ckpt-\d+)\.(?:index|data-\d+-of-\d+)")
 
 
 def _reason(err):
@@ -63,14 +70,83 @@ class OptimizerState(tf.Module):
         self._slots = [v for v in optimizer.variables if all(v is not o for o in own)]
 
 
+def checkpoints_in(directory):
+    """(paths, from_state): the checkpoints in `directory`, newest first, and
+    whether they come from its state file. That file lists the saves that
+    completed; when it is missing or does not parse, the files themselves do,
+    by their numbers, which count training steps."""
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # TensorFlow warns of a state file that does not parse, then ignores it
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except UnicodeDecodeError:  # bytes that are not text: TensorFlow handles only a parse error
+        state = None
+    finally:
+        logger.setLevel(level)
+    if state and state.all_model_checkpoint_paths:
+        return list(state.all_model_checkpoint_paths)[::-1], True
+    files = os.listdir(directory) if os.path.isdir(directory) else []
+    names = {match.group(1) for match in map(_FILE.fullmatch, files) if match}
+    return [os.path.join(directory, name) for name in sorted(names, key=lambda n: -int(n[5:]))], False
+
+
+def _damage(path):
+    """Why the checkpoint at `path` does not read whole (a missing or cut file, a
+    checksum that does not match), or "" when every tensor in it reads."""
+    if not os.path.exists(path + ".index"):
+        return "its .index file is missing"
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (tf.errors.OpError, ValueError, IndexError, OSError) as err:
+        return _reason(err)
+    return ""
+
+
+def newest_whole(directory, repair=False):
+    """The newest checkpoint in `directory` that reads whole, or None when it holds
+    none at all; says in one line what it passed over and why. With `repair`,
+    a state file that did not parse, or that names a damaged checkpoint, is
+    replaced by one listing what the resumed run continues from, so that its
+    manager rotates those out in turn. Damaged files stay.
+    """
+    paths, from_state = checkpoints_in(directory)
+    state_file = os.path.join(directory, "checkpoint")
+    notes = [] if from_state or not os.path.exists(state_file) else \
+        [f"{state_file} does not parse, so the checkpoints were found by their files"]
+    skipped = []
+    for index, path in enumerate(paths):
+        damage = _damage(path)
+        if damage:
+            skipped.append(f"{os.path.basename(path)} ({damage})")
+            continue
+        if skipped:
+            notes.append(f"skipped {', '.join(skipped)}, which {'does' if len(skipped) == 1 else 'do'} not "
+                         "read whole")
+        if notes:
+            log.warning("--resume: %s; resuming from %s", "; ".join(notes), os.path.basename(path))
+        if repair and (skipped or not from_state):
+            kept = [os.path.basename(p) for p in paths[index:][::-1]]
+            # CheckpointState's text format, with names relative to the folder as the manager writes them.
+            atomic_write(state_file, "".join([f'model_checkpoint_path: "{kept[-1]}"\n'] +
+                                             [f'all_model_checkpoint_paths: "{name}"\n' for name in kept]).encode())
+        return path
+    if not paths:
+        return None
+    raise CheckpointError(f"--resume: no checkpoint in {directory} reads whole: {'; '.join(skipped)}; copy the "
+                          "folder back from a backup, or pass --resume PATH to a checkpoint elsewhere")
+
+
 class TrainCheckpoint:
     def __init__(self, model, optimizer, output_dir, ctx, config, keep=3, seed=None):
         self.ctx = ctx
         self.run_seed = seed
         self.optimizer = optimizer
         self.keep = keep
-        self.directory = os.path.join(output_dir, "checkpoints")
-        self.best_directory = os.path.join(output_dir, "best")
+        self.directory = os.path.join(output_dir, LATEST_DIR)
+        self.best_directory = os.path.join(output_dir, BEST_DIR)
         layers, units = config["cell"]["num_layers"], config["cell"]["kwargs"]["num_units"]
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -146,18 +222,24 @@ class TrainCheckpoint:
         return path
 
     def _restore(self, resume, global_batch):
-        path = self.managers()[0].latest_checkpoint if resume == "latest" else resume
-        if resume != "latest" and os.path.isdir(resume):
-            path = tf.train.latest_checkpoint(resume)
-        if not path:
-            where = self.directory if resume == "latest" else resume
-            raise CheckpointError(f"--resume: no checkpoint in {where}; train without --resume first, "
-                                  "or pass --resume PATH to a checkpoint")
+        if resume in ("latest", "auto") or os.path.isdir(resume):
+            directory = self.directory if resume in ("latest", "auto") else resume
+            path = newest_whole(directory, repair=directory == self.directory)
+            if path is None:
+                if resume == "auto":
+                    return Position(global_batch)
+                raise CheckpointError(f"--resume: no checkpoint in {directory}; train without --resume first, "
+                                      "or pass --resume PATH to a checkpoint")
+        else:
+            path = resume
+            damage = _damage(path)
+            if damage:
+                raise CheckpointError(f"--resume: cannot read checkpoint {path}: {damage}")
         try:
             reader = tf.train.load_checkpoint(path)
             saved_batch = int(reader.get_tensor("global_batch/.ATTRIBUTES/VARIABLE_VALUE"))
         except (tf.errors.OpError, ValueError) as err:
-            raise CheckpointError(f"--resume: cannot read checkpoint {path}: {_reason(err)}") from None
+            raise CheckpointError(f"--resume: {path} is no checkpoint of this suite: {_reason(err)}") from None
         has_seed = reader.has_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE")
         if self.run_seed is not None and has_seed:
             saved_seed = int(reader.get_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE"))
@@ -186,8 +268,9 @@ class TrainCheckpoint:
                         global_batch=saved_batch, path=path)
 
     def initial_position(self, resume, global_batch):
-        """Rank 0's start: the position of `resume` ("latest" or a path) with the
-        weights restored, or a fresh one; the other ranks get a fresh one.
+        """Rank 0's start: the position of `resume` ("latest", "auto" or a path)
+        with the weights restored, or a fresh one; the other ranks get a fresh one.
+        "auto" starts fresh when the checkpoint folder holds no checkpoint.
         Raises CheckpointError on rank 0 alone. No collective: the run shares
         rank 0's start, and an elastic worker that joins later runs this too.
         """

@@ -44,8 +44,13 @@ def build_parser(distributed):
                         help="override a config value, dotted for nested keys, e.g. --set num_epochs=1 "
                              "--set opt.gradient_clip.kwargs.clip_norm=2; repeatable")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="weight init and dropout seed")
-    parser.add_argument("--resume", nargs="?", const="latest", default=defaults.resume,
-                        help="continue from the latest checkpoint in output_dir, or from PATH")
+    parser.add_argument("--resume", nargs="?", const="latest", default=defaults.resume, metavar="latest|auto|PATH",
+                        help="continue from the newest checkpoint in output_dir that reads whole (latest), the "
+                             "same or a fresh start when output_dir holds no checkpoint (auto: for requeued batch "
+                             "jobs), or from PATH (a checkpoint, or a folder of them)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in an output_dir that holds checkpoints, deleting them; without it "
+                             "such a run is refused")
     parser.add_argument("--keep_checkpoints", type=int, default=defaults.keep_checkpoints,
                         help="how many recent checkpoints to keep")
     parser.add_argument("--max_steps_per_epoch", type=int, default=defaults.max_steps_per_epoch,

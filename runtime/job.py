@@ -14,6 +14,7 @@ from faults.layer import FaultLayer
 from faults.watchdog import HANG_EXIT
 from runtime import config as config_lib
 from runtime import context, logs, trainer
+from runtime.checkpointing import BEST_DIR, LATEST_DIR, checkpoints_in
 from runtime.cli import error_line
 from runtime.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
@@ -22,10 +23,22 @@ from runtime.plan import BatchPlan, check_plan
 from texar_lite.sizes import weight_count
 
 
-def check_output_dir(path, config, vocab_size, keep):
-    """Fails before training if checkpoints cannot be written to `path`."""
+def check_output_dir(args, config, vocab_size):
+    """Fails before training if checkpoints cannot be written to --output_dir, or
+    if a fresh run would rotate out an earlier run's checkpoints there; with
+    --overwrite, deletes those."""
+    path = args.output_dir
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--output_dir {path} is a file; pass a folder")
+    folders = [os.path.join(path, name) for name in (LATEST_DIR, BEST_DIR)]
+    held = [ckpt for folder in folders for ckpt in checkpoints_in(folder)[0]]
+    if held and not args.resume:
+        if not args.overwrite:
+            raise UsageError(f"--output_dir {path} holds checkpoints of an earlier run ({os.path.basename(held[0])} "
+                             "the newest): continue it with --resume, or pass --overwrite to delete them and start "
+                             "afresh")
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".write_test.{os.getpid()}")
@@ -36,7 +49,7 @@ def check_output_dir(path, config, vocab_size, keep):
         raise UsageError(f"--output_dir {path} is not writable ({err.strerror}); "
                          "pass a folder you can write to") from None
     # Weights plus up to two optimizer slots per checkpoint, kept + best + one being written.
-    needed = weight_count(config, vocab_size) * 4 * 3 * (keep + 2)
+    needed = weight_count(config, vocab_size) * 4 * 3 * (args.keep_checkpoints + 2)
     free = shutil.disk_usage(path).free
     if free < needed:
         raise UsageError(f"--output_dir {path} has {free / 1e6:.0f} MB free, checkpoints need about "
@@ -50,6 +63,8 @@ def _prepare(args, ctx):
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
         checkpoint_every=args.checkpoint_every, row_groups=args.row_groups)
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite starts afresh and --resume continues: pass one of them")
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
     if args.checkpoint_every < 0:
@@ -68,7 +83,7 @@ def _prepare(args, ctx):
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
     check_plan(config, data, ctx.size, args.eval_mode)
     if ctx.is_rank0:
-        check_output_dir(args.output_dir, config, data.vocab_size, args.keep_checkpoints)
+        check_output_dir(args, config, data.vocab_size)
     return config, data, options
 
 

@@ -11,7 +11,7 @@ class RunOptions:
     output_dir: str = "./output"
     seed: int = 1234
     eval_mode: str = "rank0"          # rank0: rank 0 alone; distributed: each rank a slice
-    resume: str = ""                  # "" = fresh start; "latest" or a checkpoint path
+    resume: str = ""                  # "" = fresh start; "latest", "auto" or a checkpoint path
     max_steps_per_epoch: int = 0      # 0 = the whole epoch; >0 for smoke tests and benchmarks
     keep_checkpoints: int = 3
     checkpoint_every: int = 0         # also save a checkpoint every N steps inside an epoch (0 = at epoch ends only)

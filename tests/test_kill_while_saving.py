@@ -1,4 +1,4 @@
-"""A SIGKILL in the middle of writing a checkpoint leaves the previous one the latest, and loadable.
+"""A SIGKILL in the middle of writing a checkpoint leaves the previous one the one --resume takes, and loadable.
 
 The kill strikes at a named point of the save, from inside the saving process:
 TensorFlow's own steps of CheckpointManager.save, each wrapped to kill the process
@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from conftest import PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, latest_checkpoint
+from conftest import PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position
+from runtime.checkpointing import newest_whole
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,6 +82,7 @@ def test_a_kill_at_each_point_of_a_save_leaves_the_previous_checkpoint_loadable(
             assert f"ckpt-{first + 3}.index" in left, left
         else:
             assert any(name.startswith("checkpoint.tmp") for name in left), left
-        path = latest_checkpoint(out)
+        # The checkpoint that --resume takes: the previous one, which reads whole.
+        path = newest_whole(str(checkpoints))
         assert path == str(checkpoints / f"ckpt-{first + 2}")
         assert checkpoint_position(path) == (0, 2)
