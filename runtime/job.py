@@ -69,9 +69,10 @@ def _prepare(args, ctx):
         raise UsageError("--keep_checkpoints must be at least 1")
     if args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint_every {args.checkpoint_every}: give a number of steps (0 = at epoch ends only)")
-    rows = BatchPlan.from_config(config, ctx.size).rows_per_rank
-    if not 1 <= args.row_groups <= rows:
-        raise UsageError(f"--row_groups {args.row_groups}: give 1 to {rows}, the rows each rank trains on")
+    plan = BatchPlan.from_config(config, ctx.size)
+    if not 1 <= args.row_groups <= plan.rows_per_rank:
+        raise UsageError(f"--row_groups {args.row_groups}: give 1 to {plan.rows_per_rank}, the rows each rank "
+                         "trains on")
     if args.commit_every < 1:
         raise UsageError(f"--commit_every {args.commit_every}: give a number of steps of at least 1")
     if ctx.elastic and all(key in os.environ for key in context.HOROVOD_TUNING):
@@ -81,7 +82,7 @@ def _prepare(args, ctx):
         raise UsageError("-m collect needs a fixed rank 0, and an elastic run re-forms the world: "
                          "use -m master or -m workers")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
-    check_plan(config, data, ctx.size, args.eval_mode)
+    check_plan(config, data, plan, ctx.size, args.eval_mode)
     if ctx.is_rank0:
         check_output_dir(args, config, data.vocab_size)
     return config, data, options

@@ -46,10 +46,10 @@ class BatchPlan:
         return dataclasses.replace(position, step=step, state=None, costs=costs, global_batch=self.global_batch)
 
 
-def check_plan(config, data, size, eval_mode):
-    """Raises the error a user can fix, before any training: a batch that does not
-    split over the ranks, or a split of the data too short for one batch."""
-    plan = BatchPlan.from_config(config, size)
+def check_plan(config, data, plan, size, eval_mode):
+    """Raises the error a user can fix, before any training: an evaluation batch that
+    does not split over the `size` ranks, or a split of the data too short for one
+    batch of `plan` (a BatchPlan, which has checked the training batch)."""
     if eval_mode == "distributed" and config["batch_size"] % size:
         raise ConfigError(
             f"--eval_mode distributed splits batch_size {config['batch_size']} over {size} ranks: "

@@ -161,7 +161,6 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     instead of one plain run: faults/layer.py's elastic attempts do.
     """
     opts = options or RunOptions()
-    plan = BatchPlan.from_config(config, ctx.size)
     # Different seeds per rank on purpose: only rank 0's start, shared below,
     # makes the ranks agree, and a test checks that it does.
     model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
@@ -174,7 +173,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     variables = list(model.variables) + list(optimizer.variables)
 
     def load_start():
-        return checkpoint.initial_position(opts.resume, plan.global_batch)
+        return checkpoint.initial_position(opts.resume, BatchPlan.from_config(config, ctx.size).global_batch)
 
     if run_attempts:
         results = run_attempts(loop.run, variables, load_start)
