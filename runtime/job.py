@@ -23,16 +23,17 @@ from runtime.plan import BatchPlan, check_plan
 from texar_lite.sizes import weight_count
 
 
-def check_output_dir(args, config, vocab_size):
+def check_output_dir(args, config, vocab_size, elastic):
     """Fails before training if checkpoints cannot be written to --output_dir, or
     if a fresh run would rotate out an earlier run's checkpoints there; with
-    --overwrite, deletes those."""
+    --overwrite, deletes those. Not in an elastic job, whose workers that join
+    later start in the folder that the job itself has been writing."""
     path = args.output_dir
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--output_dir {path} is a file; pass a folder")
     folders = [os.path.join(path, name) for name in (LATEST_DIR, BEST_DIR)]
     held = [ckpt for folder in folders for ckpt in checkpoints_in(folder)[0]]
-    if held and not args.resume:
+    if held and not args.resume and not elastic:
         if not args.overwrite:
             raise UsageError(f"--output_dir {path} holds checkpoints of an earlier run ({os.path.basename(held[0])} "
                              "the newest): continue it with --resume, or pass --overwrite to delete them and start "
@@ -65,6 +66,9 @@ def _prepare(args, ctx):
         checkpoint_every=args.checkpoint_every, row_groups=args.row_groups)
     if args.overwrite and args.resume:
         raise UsageError("--overwrite starts afresh and --resume continues: pass one of them")
+    if args.overwrite and ctx.elastic:
+        raise UsageError("--overwrite would let a worker that joins an elastic job later delete the job's own "
+                         "checkpoints: empty --output_dir yourself instead")
     if args.keep_checkpoints < 1:
         raise UsageError("--keep_checkpoints must be at least 1")
     if args.checkpoint_every < 0:
@@ -84,7 +88,7 @@ def _prepare(args, ctx):
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
     check_plan(config, data, plan, ctx.size, args.eval_mode)
     if ctx.is_rank0:
-        check_output_dir(args, config, data.vocab_size)
+        check_output_dir(args, config, data.vocab_size, ctx.elastic)
     return config, data, options
 
 

@@ -179,3 +179,28 @@ def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_in_a_full_one
     shutil.copytree(stopped, full)
     ok(lm_ptb(args(synthetic_corpus[0], full, "--resume", "auto"), timeout=200))
     assert_same_final_state(full, resumed_from(19))
+
+
+def test_an_elastic_job_starts_in_its_own_folder_and_takes_no_overwrite(tmp_path, synthetic_corpus, stopped):
+    """An elastic job's workers that join later run the same command in the folder
+    the job has been writing: neither refused nor (with --overwrite) allowed to
+    delete the job's checkpoints. Checked on _prepare, with the context of an
+    elastic rank 0."""
+    from runtime import cli, job
+    from runtime.context import LocalContext
+    from runtime.errors import UsageError
+
+    class ElasticRank0(LocalContext):
+        elastic = True
+
+    out = tmp_path / "out"
+    shutil.copytree(stopped, out)
+    before = names(out / "checkpoints")
+    parse = lambda *extra: cli.parse_args(args(synthetic_corpus[0], out, *extra), distributed=True)  # noqa: E731
+    job._prepare(parse(), ElasticRank0())
+    with pytest.raises(UsageError, match="^--overwrite would let a worker that joins an elastic job later delete the "
+                                         "job's own checkpoints: empty --output_dir yourself instead$"):
+        job._prepare(parse("--overwrite"), ElasticRank0())
+    assert names(out / "checkpoints") == before
+    with pytest.raises(UsageError, match="holds checkpoints of an earlier run"):
+        job._prepare(parse(), LocalContext())
