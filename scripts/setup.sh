@@ -170,8 +170,9 @@ else
         mkdir -p "$wheels.tmp"
         env "${build_env[@]}" "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$wheels.tmp" \
             "$work/horovod-$HOROVOD_VERSION" >"$wheels.log" 2>&1 || {
-            # Its first errors (the compiler's, CMake's or NVRTC's), not pip's traceback that ends the log.
-            grep -v 'subprocess-exited-with-error' "$wheels.log" | grep -m 3 -A 3 -E 'error:|CMake Error|NVRTC failed' >&2 \
+            # Its first errors (the compiler's, CMake's, NVRTC's or a build script's Python exception), not
+            # pip's traceback that ends the log.
+            grep -v 'subprocess-exited-with-error' "$wheels.log" | grep -m 3 -A 3 -iE 'error:|CMake Error|NVRTC failed' >&2 \
                 || tail -n 20 "$wheels.log" >&2
             echo "setup: building horovod failed; its first errors are above, its whole log is $wheels.log" >&2
             exit 1
