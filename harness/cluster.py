@@ -192,7 +192,7 @@ class Cluster:
                                            workdir=self.workdir))
             with open(os.path.join(self.ssh, f"sshd.{host}.log"), "w") as log:
                 self.sshd[host] = subprocess.Popen(
-                    [*self._inside(host), "/usr/sbin/sshd", "-D", "-e", "-f", config],
+                    [*self.inside(host), "/usr/sbin/sshd", "-D", "-e", "-f", config],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 20
         for host in self.hosts:
@@ -203,11 +203,14 @@ class Cluster:
                         raise RuntimeError(f"sshd on {host} did not start: {f.read()[-2000:]}")
                 time.sleep(0.05)
 
-    def _inside(self, host):
+    def inside(self, host, keep_sys=False):
         """The command prefix that runs a command in `host`: its network, and a UTS
-        namespace of its own named as the host is."""
-        return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
-                'hostname "$0" && exec "$@"', self.names[host]]
+        namespace of its own named as the host is. `ip netns exec` also mounts the
+        host's /etc/hosts and a /sys of its own; with `keep_sys`, nsenter enters the
+        network alone and the machine's /sys stays (slurmd reads its cgroups there)."""
+        enter = ["nsenter", f"--net=/run/netns/{self.namespaces[host]}"] if keep_sys else \
+            ["ip", "netns", "exec", self.namespaces[host]]
+        return [*enter, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', self.names[host]]
 
     def env(self, host, base=None):
         """The environment of a command started on `host`: the cluster's ssh first on PATH.
@@ -223,7 +226,7 @@ class Cluster:
 
     def start(self, host, cmd, env=None, cwd=None):
         """Starts cmd on `host` as a tagged Launch (see harness/launch.py)."""
-        launch = Launch([*self._inside(host), *[str(c) for c in cmd]], env=self.env(host, env), cwd=cwd,
+        launch = Launch([*self.inside(host), *[str(c) for c in cmd]], env=self.env(host, env), cwd=cwd,
                         workdir=os.path.join(self.workdir, f"launch{len(self.launches)}"))
         self.launches.append(launch)
         return launch

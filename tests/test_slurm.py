@@ -1,0 +1,260 @@
+"""slurm/train.sbatch, submitted as it is, on a Slurm cluster of two namespace
+hosts (harness/slurm.py): a full run, a host lost mid-epoch, the time limit's
+warning signal, and scancel. A requeued job must end as the uninterrupted run
+does, and a job that ends must leave no process on either host.
+
+The faults strike from inside the job, at named points (tests/hooks.py): the
+jobs run lm_ptb_distributed.py through tests/hooked_entry.py, in the job's
+first run only, by way of a PYTHON the script runs in place of .venv/bin/python.
+"""
+import json
+import os
+import shlex
+import shutil
+import time
+import uuid
+
+import pytest
+
+from conftest import PYTHON, HOOKED_ENTRY, ROOT, RUN_ENV, TINY_CONFIG
+from harness import cluster as cluster_lib
+from harness import slurm as slurm_lib
+from harness.launch import TAG_VAR, kill_tagged, tagged_pids
+from harness.slurm import SLURMD_TIMEOUT_S
+from hooks import all_paused, fault_time, pause_hooks, recorded_steps, taken
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("slurm")]
+
+SCRIPT = os.path.join(ROOT, "slurm", "train.sbatch")
+EPOCHS, STEPS = 2, 20
+# The tests run as root, which mpirun refuses unless told; the hosts share the
+# machine's cores, so waiting ranks yield them instead of spinning.
+JOB_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def train_args(corpus, output_dir=None, *extra):
+    out = ["--output_dir", str(output_dir)] if output_dir else []
+    return ["--config", TINY_CONFIG, "--data_path", corpus, *out, "--set", f"num_epochs={EPOCHS}",
+            "--max_steps_per_epoch", str(STEPS), *extra]
+
+
+def slurm_cluster():
+    """A Slurm cluster of host1 and host2 (close it after use). It needs root and
+    Slurm; as root, a missing namespace tool fails the test, never skips it."""
+    if os.geteuid() != 0:
+        pytest.skip("namespace hosts need root")
+    if not slurm_lib.installed():
+        pytest.skip(f"Slurm is not installed: make setup installs {slurm_lib.PACKAGES}")
+    missing = cluster_lib.missing_tools()
+    assert not missing, f"namespace hosts need {', '.join(missing)}: make setup installs them"
+    cluster_lib.remove_stale()
+    return slurm_lib.SlurmCluster()
+
+
+@pytest.fixture
+def slurm():
+    cluster = slurm_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+class Job:
+    """sbatch -N 2 slurm/train.sbatch ARGS, tagged (harness/launch.py) so that
+    every process of it can be found; `hooks` go to tests/hooked_entry.py in
+    the job's first run, and every run records its steps into `workdir`/steps."""
+
+    def __init__(self, slurm, workdir, args, hooks=None, name=None):
+        self.slurm, self.workdir = slurm, str(workdir)
+        self.output = os.path.join(self.workdir, "job.out")
+        self.steps = os.path.join(self.workdir, "steps")
+        self.tag = uuid.uuid4().hex
+        env = dict(os.environ, **RUN_ENV, **JOB_ENV, **{TAG_VAR: self.tag})
+        if hooks is not None:
+            env["PYTHON"] = self._python(hooks)
+        self.id = slurm.submit("-N", "2", "-J", name or f"lm_ptb_{self.tag[:8]}", "--output", self.output,
+                               SCRIPT, *args, env=env, cwd=ROOT)
+
+    def _python(self, hooks):
+        """A PYTHON for the script: hooked_entry.py with `hooks` in the first run only."""
+        path = os.path.join(self.workdir, "python")
+        entry = shlex.join([PYTHON, HOOKED_ENTRY, "--record_steps", self.steps])
+        with open(path, "w") as f:
+            f.write(f"""#!/bin/sh
+shift  # the path of lm_ptb_distributed.py, whose main hooked_entry.py runs
+if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
+    exec {entry} {shlex.join(hooks)} lm_ptb_distributed.py "$@"
+fi
+exec {entry} lm_ptb_distributed.py "$@"
+""")
+        os.chmod(path, 0o755)
+        return path
+
+    def state(self):
+        return self.slurm.job(self.id)
+
+    def text(self):
+        try:
+            with open(self.output, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def wait(self, ready, timeout, what):
+        """Polls the job's fields until ready(fields) holds; returns them and the time it held."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = self.state()
+            if ready(fields):
+                return fields, time.time()
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {self.id}: no {what} in {timeout} s: {fields.get('JobState')}, "
+                            f"{fields.get('Reason')}\n{self.text()[-3000:]}")
+            time.sleep(0.2)
+
+    def wait_output(self, ready, timeout, what):
+        self.wait(lambda fields: ready(self.text()) or fields["JobState"] in ENDED, timeout, what)
+        assert ready(self.text()), f"job {self.id} ended before {what}:\n{self.text()[-3000:]}"
+
+    def finished(self, timeout, restarts):
+        fields, _ = self.wait(lambda f: f["JobState"] in ENDED, timeout, "end")
+        assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", str(restarts)), \
+            self.text()[-3000:]
+        return fields
+
+    def left(self, seconds):
+        """The job's processes still alive on either host (or anywhere, by its tag) after up to `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = [*self.slurm.job_processes("host1"), *self.slurm.job_processes("host2"), *tagged_pids(self.tag)]
+            if not left or time.monotonic() > deadline:
+                return sorted(set(left))
+            time.sleep(0.2)
+
+    def runs(self):
+        """Each run's steps in the order taken, first run first: [[(epoch, step), ...], ...] of rank 0."""
+        runs = [taken(records) for records in recorded_steps(self.steps).values() if records[0]["rank"] == 0]
+        return sorted(runs, key=lambda steps: steps[0])
+
+    def close(self):
+        self.slurm.command("scancel", self.id, check=False)
+        kill_tagged(self.tag)
+
+
+def results(output_dir):
+    with open(os.path.join(str(output_dir), "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(synthetic_corpus, tmp_path_factory):
+    """The full run's job and results, written to output/JOBNAME as the script does by default."""
+    slurm = slurm_cluster()
+    name = f"lm_ptb_test_{uuid.uuid4().hex[:8]}"
+    output_dir = os.path.join(ROOT, "output", name)
+    job = None
+    try:
+        job = Job(slurm, tmp_path_factory.mktemp("uninterrupted"), train_args(synthetic_corpus[0]), name=name)
+        started = time.monotonic()
+        job.finished(150, restarts=0)
+        seconds = time.monotonic() - started
+        return {"results": results(output_dir), "text": job.text(), "left": job.left(10), "seconds": seconds}
+    finally:
+        if job:
+            job.close()
+        slurm.close()
+        shutil.rmtree(output_dir, ignore_errors=True)
+
+
+def test_a_full_run(uninterrupted):
+    """sbatch -N 2 slurm/train.sbatch ARGS trains on both nodes into output/JOBNAME."""
+    print(f"full run: submitted to completed in {uninterrupted['seconds']:.1f} s")
+    done = uninterrupted["results"]
+    assert done["world_size"] == 2 and done["epochs"] == EPOCHS
+    assert "node list             host1, host2 (2 nodes)" in uninterrupted["text"]
+    assert len(set(done["weights_digest_per_rank"])) == 1
+    assert uninterrupted["left"] == []
+    assert "requeueing" not in uninterrupted["text"]
+
+
+def assert_resumed_equal(job, output_dir, uninterrupted):
+    done, want = results(output_dir), uninterrupted["results"]
+    assert done["epochs"] == EPOCHS and done["world_size"] == 2
+    assert done["test_ppl"] == pytest.approx(want["test_ppl"], rel=1e-5)
+    assert done["weights_digest_per_rank"] == want["weights_digest_per_rank"]
+
+
+def test_a_host_lost_mid_epoch(slurm, synthetic_corpus, uninterrupted, tmp_path):
+    """host2 vanishes (cut off, every process killed) while its rank stands before
+    step 8 of epoch 1: Slurm takes the job off both hosts, and once host2's slurmd
+    is back the requeued job resumes from the checkpoint at step 5 and ends as the
+    uninterrupted run."""
+    out = tmp_path / "out"
+    # mpirun places the ranks in the allocation's node order: rank 1 runs on host2.
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], out, "--checkpoint_every", "5"),
+              hooks=pause_hooks(tmp_path / "never", ranks=(1,), epoch=1, step=8))
+    try:
+        job.wait_output(lambda text: all_paused(text, ranks=(1,), where="epoch 1 step 8"), 120, "pause")
+        lost = time.time()
+        slurm.cluster.vanish("host2")
+        _, left_host = job.wait(lambda f: f["JobState"] != "RUNNING", SLURMD_TIMEOUT_S + 30 - (time.time() - lost),
+                                "requeue")
+        assert job.left(10) == []
+        cleared = time.time()
+        slurm.cluster.heal("host2")
+        slurm.start_slurmd("host2")
+        job.finished(120, restarts=1)
+    finally:
+        job.close()
+    print(f"host lost {lost - fault_time(job.text()):.1f} s after the pause; job off the hosts "
+          f"{left_host - lost:.1f} s after, host1 empty {cleared - left_host:.1f} s after that")
+    first, second = job.runs()
+    assert first[-1] == (1, 7) and second[0] == (1, 5), (first[-3:], second[:3])
+    assert_resumed_equal(job, out, uninterrupted)
+
+
+def test_the_time_limit_signal(slurm, synthetic_corpus, uninterrupted, tmp_path):
+    """The time limit's warning, SIGUSR1 to the batch shell alone (--signal=B:USR1),
+    while both ranks stand before step 6 of epoch 0: the script hands it on, the
+    ranks save at that step and exit 138, the script requeues the job, and the next
+    run continues from the step after the last one taken."""
+    out = tmp_path / "out"
+    release = tmp_path / "release"
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], out),
+              hooks=pause_hooks(release, ranks=(0, 1), epoch=0, step=6))
+    try:
+        job.wait_output(lambda text: all_paused(text, ranks=(0, 1), where="epoch 0 step 6"), 120, "pause")
+        slurm.command("scancel", "--batch", "--signal=USR1", job.id)
+        job.wait_output(lambda text: "train.sbatch: SIGUSR1" in text, 30, "the script's forward")
+        release.write_text("")
+        job.finished(150, restarts=1)
+    finally:
+        job.close()
+    text = job.text()
+    assert "requeueing job" in text and "stopped by signal at epoch 1 step 7" in text, text[-3000:]
+    first, second = job.runs()
+    assert first[-1] == (0, 6) and second[0] == (0, 7), (first[-3:], second[:3])
+    assert_resumed_equal(job, out, uninterrupted)
+
+
+def test_scancel(slurm, synthetic_corpus, tmp_path):
+    """scancel while both ranks train: the job is cancelled, not requeued, and
+    leaves no process on either host within 15 s."""
+    release = tmp_path / "release"
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], tmp_path / "out"),
+              hooks=pause_hooks(release, ranks=(0, 1), epoch=0, step=3))
+    try:
+        job.wait_output(lambda text: all_paused(text, ranks=(0, 1), where="epoch 0 step 3"), 120, "pause")
+        start = time.monotonic()
+        slurm.command("scancel", job.id)
+        release.write_text("")
+        fields, _ = job.wait(lambda f: f["JobState"] in ENDED, 15, "end")
+        left = job.left(15 - (time.monotonic() - start))
+        seconds = time.monotonic() - start
+    finally:
+        job.close()
+    print(f"scancel: job ended and its processes gone in {seconds:.1f} s")
+    assert (fields["JobState"], fields["Restarts"], left) == ("CANCELLED", "0", [])
+    assert seconds <= 15
