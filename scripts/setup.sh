@@ -136,7 +136,8 @@ else
             # with: the runtime's headers and libraries, CCCL's headers, NVRTC for
             # the kernels (GPU patch 04, since pip has no CUDA 12 nvcc) and NCCL.
             # The build's own toolkit and NCCL folders link to them under the names
-            # that CMake looks for.
+            # that CMake looks for; its version.txt is how CMake's FindCUDAToolkit
+            # knows a toolkit without nvcc.
             nvidia=$("$VENV/bin/python" -c 'import nvidia; print(list(nvidia.__path__)[0])')
             cuda_version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nvidia-cuda-runtime-cu12"))')
             nvcc=$(command -v "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" nvcc 2>/dev/null | head -n1 || true)
