@@ -87,7 +87,7 @@ class SlurmCluster:
     """
 
     def __init__(self, hosts=2, start_timeout=60):
-        # A short path: munged's and pmix's sockets must fit a socket path.
+        # A short path: the sockets of munged and of the job steps in the spool must fit a socket path.
         cluster = self.cluster = Cluster(hosts, tempfile.mkdtemp(prefix="sl.", dir="/tmp"))
         self.dir = os.path.join(cluster.workdir, "slurm")
         self.conf = os.path.join(self.dir, "slurm.conf")
@@ -140,6 +140,9 @@ class SlurmCluster:
         return [*prefix, *cmd]
 
     def _start(self, name, cmd):
+        if name in self.daemons:  # one that ended, or a host's slurmd killed with its host
+            self.daemons[name].kill()
+            self.daemons[name].wait()
         with open(os.path.join(self.dir, f"{name}.out"), "w") as log:
             self.daemons[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                                   start_new_session=True)
