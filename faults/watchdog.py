@@ -20,7 +20,8 @@ So every rank runs a thread of its own, outside MPI and Gloo:
 - when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
   an orphan.
 In each case the rank ends itself with HANG_EXIT. The lowest rank that can
-still hear the others prints one line naming what happened.
+still hear the others prints one line naming what happened; the others leave
+once it has said so (its last heartbeat), or a heartbeat gap later.
 
 An elastic run (faults/elastic.py) goes on without a lost rank, so there
 only the rank at fault leaves: the stuck rank itself, and across a partition
@@ -28,10 +29,12 @@ the side that cannot reach horovodrun's driver. The others wait for the world
 to re-form, as long as the driver takes to find hosts, unless the rank they
 lost went silent without exiting: then the driver would wait for it for ever,
 and they end the job after `timeout`. A rank whose
-parent is an Open MPI daemon also leaves a guard behind that SIGKILLs the
-daemon if it has not ended a few seconds later, since a daemon that cannot
-reach its peers never returns.
+parent is an Open MPI daemon, and that ends other than by Python's own exit
+(this watchdog's, an abort inside MPI, a signal), leaves a guard behind (its
+sentinel) that SIGKILLs the daemon if it has not ended a few seconds later,
+since a daemon that cannot reach its peers never returns.
 """
+import atexit
 import json
 import os
 import signal
@@ -48,47 +51,47 @@ DEFAULT_TIMEOUT_S = 120.0
 TRACING_FACTOR = 4
 # Seconds a stuck Open MPI daemon gets to end the job by itself.
 DAEMON_GRACE_S = 5.0
+# The phase of the last heartbeat of the rank that reported the job's end.
+ENDED = "ended"
 OPEN_MPI_DAEMONS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted")
 
-# Ends a stuck Open MPI daemon, then the ssh clients it started: once the
-# daemon is gone they have no reader, and an ssh to a host that vanished
-# waits for a FIN that never comes (ssh has no keepalive by default).
-GUARD = """
-import os, signal, sys, time
+# A rank's sentinel, a process of its own (its own session: a signal to the
+# rank's process group does not end it too). Two duties:
+# - a stopped rank (SIGSTOP, a debugger) runs no watchdog. Once its launcher
+#   is gone it would stay stopped for ever, so the sentinel ends it. In an
+#   elastic run a rank stopped for longer than the timeout is ended too:
+#   Horovod re-forms the world only around a worker that exits;
+# - the guard: a rank whose parent is an Open MPI daemon and that ends other
+#   than by Python's own exit (the watchdog's os._exit, an abort inside MPI,
+#   a signal) leaves the daemon DAEMON_GRACE_S to end the job, then SIGKILLs
+#   it, and then the ssh clients it started: a daemon that cannot reach its
+#   peers never returns, and an ssh to a host that vanished waits for a FIN
+#   that never comes (ssh has no keepalive by default). Under Open MPI 5, MPI's
+#   TCP transport aborts a rank whose peer it loses, often before the
+#   watchdog's timeout, and so leaves the daemon stuck.
+# Its stdin is a pipe from the rank: the rank writes "clean" as Python exits,
+# and end of file means the rank is gone.
+SENTINEL = """
+import os, select, signal, sys, time
+def stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
 def alive(pid, start):
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19] == start
+        fields = stat(pid)
     except OSError:
         return False
-pid, start, grace = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-clients = [word.split(":") for word in sys.argv[4:]]
-deadline = time.monotonic() + grace
-while alive(pid, start) and time.monotonic() < deadline:
-    time.sleep(0.1)
-for victim, since in [(pid, start), *clients]:
-    if alive(int(victim), since):
-        os.kill(int(victim), signal.SIGKILL)
-"""
-
-
-# A rank's sentinel, a process of its own: a stopped rank (SIGSTOP, a
-# debugger) runs no watchdog. Once its launcher is gone it would stay stopped
-# for ever, so the sentinel ends it. In an elastic run a rank stopped for
-# longer than the timeout is ended too: Horovod re-forms the world only
-# around a worker that exits.
-SENTINEL = """
-import os, signal, sys, time
-pid, start, parent = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-timeout, elastic = float(sys.argv[4]), sys.argv[5] == "1"
+    return fields[19] == start and fields[0] not in "ZX"
+pid, start, parent, parent_start = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+timeout, elastic, grace = float(sys.argv[5]), sys.argv[6] == "1", float(sys.argv[7])
 stopped_since = None
+word = b""
 while True:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = stat(pid)
     except OSError:
         break
-    if fields[19] != start:
+    if fields[19] != start or fields[0] in "ZX":
         break
     now = time.monotonic()
     if fields[0] in "tT":
@@ -98,7 +101,35 @@ while True:
             break
     else:
         stopped_since = None
-    time.sleep(0.5)
+    if select.select([0], [], [], 0.5)[0]:
+        data = os.read(0, 64)
+        if not data:
+            break
+        word += data
+# What the rank wrote before it went, had this loop not read it yet.
+while select.select([0], [], [], 1)[0]:
+    data = os.read(0, 64)
+    if not data:
+        break
+    word += data
+if grace < 0 or word == b"clean":
+    sys.exit()
+deadline = time.monotonic() + grace
+while alive(parent, parent_start) and time.monotonic() < deadline:
+    time.sleep(0.1)
+if alive(parent, parent_start):
+    clients = []
+    for name in os.listdir("/proc"):
+        try:
+            fields = stat(name) if name.isdigit() else None
+            with open(f"/proc/{name}/comm") as f:
+                if fields and int(fields[1]) == parent and f.read().strip() == "ssh":
+                    clients.append((int(name), fields[19]))
+        except (OSError, ValueError, IndexError):
+            pass
+    for victim, since in [(parent, parent_start), *clients]:
+        if alive(victim, since):
+            os.kill(victim, signal.SIGKILL)
 """
 
 
@@ -117,19 +148,12 @@ def _stat(pid):
         return f.read().rsplit(")", 1)[1].split()
 
 
-def _ssh_children(pid):
-    """[(pid, start time)] of the ssh clients whose parent is `pid`."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = _stat(name)
-            if int(fields[1]) == pid and _process_name(int(name)) == "ssh":
-                found.append((int(name), fields[19]))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
+def _farewell(fd):
+    """Tells the sentinel that this rank leaves by Python's own exit."""
+    try:
+        os.write(fd, b"clean")
+    except OSError:  # the sentinel is gone
+        pass
 
 
 def _parent(pid):
@@ -234,6 +258,7 @@ class Watchdog:
         self.stopped = threading.Event()
         self.wake = threading.Event()  # wakes the watch thread early (a reset, a stop)
         self.fired = False
+        self.reported = threading.Event()  # the rank that speaks for the others has written its line
         self.created = time.monotonic()
         self.exchanged = False
 
@@ -258,6 +283,7 @@ class Watchdog:
                 self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
                 self.heard[card["rank"]] = self.moved[card["rank"]] = now
             self.exchanged = True
+            self.reported.clear()
             self.reformed_at = self.waiting_for = None
 
     def reform(self):
@@ -282,14 +308,21 @@ class Watchdog:
 
     def start(self):
         self.moved[self.rank] = time.monotonic()
+        read_end, farewell = os.pipe()
+        grace = DAEMON_GRACE_S if self.launcher in OPEN_MPI_DAEMONS else -1
         try:
-            # A session of its own: a signal to the rank's process group does not stop it too.
             subprocess.Popen([sys.executable, "-c", SENTINEL, str(os.getpid()), _start_time(os.getpid()),
-                              str(self.ppid), str(self.timeout), "1" if self.elastic else "0"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              str(self.ppid), _start_time(self.ppid), str(self.timeout),
+                              "1" if self.elastic else "0", str(grace)],
+                             stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
         except OSError:
-            pass
+            os.close(farewell)
+        else:
+            # Python's own exit, whatever its status, leaves the daemon to end the job.
+            atexit.register(_farewell, farewell)
+        finally:
+            os.close(read_end)
         threading.Thread(target=self._listen, name="watchdog-listen", daemon=True).start()
         threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
@@ -327,6 +360,9 @@ class Watchdog:
             except OSError:
                 return
             if rank not in self.peers:
+                continue
+            if message.get("phase") == ENDED:
+                self.reported.set()
                 continue
             now = time.monotonic()
             with self.lock:
@@ -466,7 +502,12 @@ class Watchdog:
         if reporter == self.rank:
             self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
             self.out.flush()
-        self._guard_daemon()
+            self._send(dict(self._own_state(), phase=ENDED))
+        else:
+            # The reporter comes to the same verdict within a heartbeat or so: its line
+            # goes first, since this rank's exit may end the job before it (under
+            # Open MPI 5 the reporter's TCP transport aborts it once this rank is gone).
+            self.reported.wait(self._gap())
         if self.elastic and not self.exchanged:
             self._end_elastic_driver()
         os._exit(HANG_EXIT)
@@ -521,17 +562,3 @@ class Watchdog:
                 os.kill(launcher, signal.SIGTERM)
             except OSError:
                 pass
-
-    def _guard_daemon(self):
-        if self.launcher not in OPEN_MPI_DAEMONS or os.getppid() != self.ppid:
-            return
-        clients = [f"{pid}:{start}" for pid, start in _ssh_children(self.ppid)]
-        try:
-            subprocess.Popen([sys.executable, "-c", GUARD, str(self.ppid), _start_time(self.ppid),
-                              str(DAEMON_GRACE_S), *clients], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL,
-                             # Its own session: a daemon that aborts the job kills the rank's
-                             # process group, and the guard must outlive that.
-                             start_new_session=True)
-        except OSError:
-            pass

@@ -1,12 +1,21 @@
 """The watchdog's judgement (runtime/watchdog.py) on hand-made states, its
 heartbeats over real UDP, and the --hang_timeout flag. The faults themselves,
 on namespace hosts, are in test_network_faults.py."""
+import io
+import os
+import shutil
+import signal
+import sys
+import threading
 import time
 
 import pytest
 
+from conftest import ROOT
+from harness.launch import Launch, tagged_pids
 from runtime import cli
-from faults.watchdog import TRACING_FACTOR, Watchdog
+from faults import watchdog
+from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog
 
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
        "addresses": ["10.0.0.2", "10.0.1.2"]}
@@ -133,6 +142,41 @@ def test_heartbeats_carry_phase_and_progress_over_udp():
             dog.stop()
 
 
+
+@pytest.mark.parametrize("reporter_speaks", [True, False])
+def test_a_rank_that_does_not_report_leaves_after_the_line_of_the_one_that_does(reporter_speaks, monkeypatch):
+    """Every rank reaches the verdict, the lowest one that hears the others writes it. Under
+    Open MPI 5 a rank's exit makes its peers' TCP transport abort them at once, so the silent
+    ranks wait for the reporter's last heartbeat (or, without one, a heartbeat gap)."""
+    dogs = [Watchdog(rank, 10, out=io.StringIO()) for rank in (0, 1)]
+    cards = [dog.card() for dog in dogs]
+    exits = {}  # thread name: (status, when, rank 0's output by then)
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: exits.setdefault(
+        threading.current_thread().name, (code, time.monotonic(), dogs[0].out.getvalue())))
+    for dog in dogs:
+        dog.exchange(cards)
+        threading.Thread(target=dog._listen, daemon=True).start()
+    try:
+        start = time.monotonic()
+        silent = threading.Thread(target=dogs[1]._end, args=("rank 2 went silent", 0), name="rank 1")
+        silent.start()
+        time.sleep(1)
+        if reporter_speaks:
+            dogs[0]._end("rank 2 went silent", 0)
+        silent.join()
+    finally:
+        for dog in dogs:
+            dog.stop()
+    line = "error (rank 0 on {}): rank 2 went silent. The job ends (--hang_timeout 10); resume with --resume\n"
+    code, left_at, seen = exits.pop("rank 1")
+    assert code == 3
+    if reporter_speaks:
+        assert seen == line.format(dogs[0].host)
+        assert left_at - start < dogs[1]._gap()  # woken by the reporter's last heartbeat, not the gap
+        assert [code for code, _, _ in exits.values()] == [3]
+    else:
+        assert seen == "" and left_at - start >= dogs[1]._gap() and exits == {}
+
 @pytest.mark.parametrize("value", ["3", "-1", "soon"])
 def test_hang_timeout_below_5_s_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -144,6 +188,67 @@ def test_hang_timeout_below_5_s_is_a_usage_error(value, capsys):
 def test_hang_timeout_defaults_to_120_s_and_0_turns_it_off():
     assert cli.parse_args([], distributed=True).hang_timeout == 120
     assert cli.parse_args(["--hang_timeout", "0"], distributed=True).hang_timeout == 0
+
+
+
+# --- the guard: a daemon left stuck by its rank ------------------------------
+
+# An Open MPI daemon that cannot reach its peers (its process name is the file's,
+# prted): it starts an ssh client and the rank, and never returns.
+STUCK_DAEMON = """#!/bin/sh
+"$(dirname "$0")/ssh" 600 &
+"$RANK_PYTHON" -c "$RANK_CODE"
+echo "rank ended $?"
+sleep 600
+"""
+
+# A rank: its watchdog started, then it leaves by `leave`.
+RANK_CODE = """
+import os, sys
+sys.path.insert(0, {root!r})
+from faults.watchdog import Watchdog
+Watchdog(0, 60).start()
+{leave}
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("leave,guarded", [("os._exit(3)", True), ("os.kill(os.getpid(), 9)", True),
+                                           ("sys.exit(3)", False)])
+def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave, guarded, tmp_path):
+    """os._exit stands for the watchdog's own exit and for an abort inside MPI (Open MPI 5's
+    TCP transport aborts a rank whose peer it loses); SIGKILL for a signal. Python's own
+    exit, even with an error status, leaves the daemon to end the job."""
+    daemon = tmp_path / "prted"
+    daemon.write_text(STUCK_DAEMON)
+    daemon.chmod(0o755)
+    shutil.copy(shutil.which("sleep"), tmp_path / "ssh")
+    env = dict(os.environ, RANK_PYTHON=sys.executable, RANK_CODE=RANK_CODE.format(root=ROOT, leave=leave))
+    launch = Launch([str(daemon)], env=env, workdir=str(tmp_path / "launch"))
+    try:
+        deadline = time.monotonic() + 30
+        while "rank ended" not in launch.stdout():
+            assert time.monotonic() < deadline, launch.stderr()
+            time.sleep(0.1)
+        ended = launch.wait(DAEMON_GRACE_S + 5)
+        deadline = time.monotonic() + 2  # the guard ends the ssh client just after the daemon
+        while (clients := [pid for pid in tagged_pids(launch.tag) if _comm(pid) == "ssh"]) and ended \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        outcome = launch.finish(0, linger_s=0)
+    if guarded:
+        assert ended and outcome.returncode == -signal.SIGKILL and clients == [], (outcome, clients)
+    else:
+        assert not ended and len(clients) == 1, (outcome, clients)
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 # --- elastic runs: only the rank at fault leaves ------------------------------
