@@ -27,6 +27,7 @@ elastic reset the steps from the commit on appear again, in the order taken.
 
 tests/hooked_entry.py installs them from its --fault and --record_steps.
 """
+import contextlib
 import glob
 import json
 import os
@@ -126,10 +127,33 @@ class Fault(StepCallback):
             read_end, _ = os.pipe()
             os.read(read_end, 1)
         elif self.mode == "pause":
-            while not os.path.exists(self.release):
-                time.sleep(0.05)
+            with self._noting_signals():
+                while not os.path.exists(self.release):
+                    time.sleep(0.05)
         else:
             raise FaultInjectedError(f"injected fault at {where} on rank {self.current_rank}")
+
+
+    @contextlib.contextmanager
+    def _noting_signals(self):
+        """While paused, each stop signal that reaches this rank writes "fault injection:
+        rank R got signal N while paused" before the run's own handler takes it: a test
+        sees a launcher hand a signal on, whatever the launcher says of it."""
+        previous = {}
+
+        def note(signum, frame):
+            sys.stderr.write(f"fault injection: rank {self.current_rank} got signal {signum} while paused\n")
+            sys.stderr.flush()
+            previous[signum](signum, frame)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            if callable(signal.getsignal(signum)):  # the run's handler (runtime/signals.py)
+                previous[signum] = signal.signal(signum, note)
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def pause_hooks(release, ranks=(0,), at="step", epoch=0, step=5):
@@ -137,6 +161,11 @@ def pause_hooks(release, ranks=(0,), at="step", epoch=0, step=5):
     until the file `release` exists."""
     return [word for rank in ranks
             for word in ("--fault", f"rank={rank},epoch={epoch},step={step},mode=pause,at={at},release={release}")]
+
+
+def all_got_signal(text, ranks, signum):
+    """Whether `text` shows every one of `ranks` given `signum` while it paused."""
+    return all(f"fault injection: rank {rank} got signal {signum} while paused" in text for rank in ranks)
 
 
 def all_paused(text, ranks=(0,), where=""):

@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from conftest import (HOOKED_ENTRY, MPIRUN, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
-                      latest_checkpoint, run_command, run_with_actions)
+                      keep_going_flags, latest_checkpoint, run_command, run_with_actions)
 from harness.launch import tagged_pids
 from hooks import all_paused, pause_hooks
 from test_disk_full import tmpfs  # noqa: F401 (a fixture)
@@ -36,7 +36,7 @@ def ranks_recording_their_status(status_dir, args, hooks=()):
     command = " ".join(shlex.quote(word) for word in entry("lm_ptb_distributed.py", hooks))
     shell = (f'{command} "$@"; status=$?; '
              f'echo $status > {shlex.quote(str(status_dir))}/$OMPI_COMM_WORLD_RANK; exit $status')
-    return [*MPIRUN, "-mca", "orte_abort_on_non_zero_status", "0", "-np", "2", "sh", "-c", shell, "rank",
+    return [*MPIRUN, *keep_going_flags(), "-np", "2", "sh", "-c", shell, "rank",
             *map(str, args)]
 
 

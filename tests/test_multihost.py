@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG
+from conftest import CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG, open_mpi_major
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("cluster_elastic")]
 STEPS = 20
@@ -29,6 +29,9 @@ def test_a_hostfile_and_collect_mode_across_hosts(naming, make_cluster, syntheti
     """Collect mode whatever the hosts' names: their own, resolving to their addresses;
     their own mapped to 127.0.1.1 (Debian's /etc/hosts); one name for both, which
     resolves nowhere (cloned VMs)."""
+    if naming == "shared" and open_mpi_major() >= 5:
+        pytest.skip("Open MPI 5 runs no job on hosts that share a host name (docs/reference.md): "
+                    "test_open_mpi_5_takes_hosts_that_share_a_host_name_for_one_node")
     cluster = make_cluster(names=["vm", "vm"] if naming == "shared" else None, loopback_name=naming == "loopback")
     hostfile = tmp_path / "hosts"
     hostfile.write_text("host1 slots=1\nhost2 slots=1\n")

@@ -20,9 +20,10 @@ import time
 import pytest
 
 import synthetic_ptb
+from failure_helpers import mpirun_statuses
 from hooks import pause_hooks
 from conftest import (CLUSTER_MPIRUN, PYTHON, RUN_ENV, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
-                      latest_checkpoint)
+                      latest_checkpoint, open_mpi_major)
 
 HANG_TIMEOUT_S = 15
 # From the fault to the job's end: the watchdog's timeout, plus at most 10 s
@@ -35,7 +36,8 @@ GLOO_ENV = {"HOROVOD_GLOO_TIMEOUT_SECONDS": str(4 * BOUND_S)}
 STEPS = 150
 MPIRUN = [*CLUSTER_MPIRUN, "-H", "host1:1,host2:1"]
 # mpirun exits with rank 0's status (3, the watchdog's) unless the guard had
-# to SIGKILL it; horovodrun exits 1 whatever its ranks did.
+# to SIGKILL it (under Open MPI 5 it may exit with another rank's abort:
+# failure_helpers.mpirun_statuses); horovodrun exits 1 whatever its ranks did.
 HOROVODRUN = [os.path.join(os.path.dirname(PYTHON), "horovodrun"), "--gloo", "-np", "2", "-H", "host1:1,host2:1"]
 
 # make test runs this module on one pytest worker beside the others (see the Makefile).
@@ -147,14 +149,16 @@ def strike_mid_epoch_2(hosts, launcher, corpus, out, fault, case, **train):
 
 
 def check(case, launcher, outcome, seconds, left, out, *phrases, code=None, lines=(1,)):
-    """`lines`: how many error lines may come. Across a partition both sides
+    """`code`: the launcher's exit status, or the set of those it may exit with.
+    `lines`: how many error lines may come. Across a partition both sides
     report; over ssh the far side's line is lost, over the stand-in it may not be."""
     errors = error_lines(outcome.stderr.replace("[0]<stderr>:", "").replace("[1]<stderr>:", ""))
     position = checkpoint_position(latest_checkpoint(out))
     record(case, launcher, seconds, outcome.returncode, errors[0] if errors else "", len(left), position)
     assert outcome.returncode != 0
     if code is not None:
-        assert outcome.returncode == code, (outcome.returncode, outcome.stderr[-3000:])
+        assert outcome.returncode in (code if isinstance(code, set) else {code}), (outcome.returncode,
+                                                                                  outcome.stderr[-3000:])
     assert seconds < BOUND_S, (seconds, outcome.stderr[-3000:])
     assert left == [], left
     assert len(errors) in lines, outcome.stderr[-3000:]
@@ -259,8 +263,10 @@ def test_a_rank_stuck_in_a_read_ends_the_job(launcher, name, code, cluster, synt
                                     train_args(synthetic_corpus[0], out,
                                                hooks=["--fault", "rank=1,epoch=1,step=20,mode=hang"]),
                                     [r"fault injection: rank 1 hang"], lambda h: None, "hung read")
+    # Both ranks end themselves: rank 1's transport may abort it on rank 0's exit (Open MPI 5).
     check("rank 1 blocked in a read", name, outcome, seconds, left, out,
-          "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)", code=code)
+          "rank 1 on host2 is alive but has made no progress", "since training step (epoch 2, step 20)",
+          code=mpirun_statuses(code) if name == "mpirun" else code)
 
 
 def test_a_vanished_host_ends_the_job(cluster, synthetic_corpus, tmp_path):
@@ -337,6 +343,8 @@ def test_a_slow_but_healthy_run_never_trips_the_watchdog(cluster, longer_valid_c
     assert len(evaluations) == 1 and evaluations[0] > 10, stamps
 
 
+@pytest.mark.skipif(open_mpi_major() >= 5, reason="Open MPI 5 runs no job on hosts that share a host name: "
+                                                  "test_open_mpi_5_takes_hosts_that_share_a_host_name_for_one_node")
 def test_hosts_that_share_a_host_name_never_trip_the_watchdog(make_cluster, synthetic_corpus, tmp_path):
     """Cloned VMs, and containers started with one --hostname, share a name and not a
     loopback: each rank's heartbeats still reach the other, for a run several times
@@ -356,3 +364,18 @@ def test_hosts_that_share_a_host_name_never_trip_the_watchdog(make_cluster, synt
     # Training alone outlasted the timeout twice over.
     seconds = [json.loads(line)["epoch_time_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert results["epochs"] == 2 and sum(seconds) > 10, seconds
+
+
+@pytest.mark.skipif(open_mpi_major() < 5, reason="Open MPI 4 tells hosts that share a host name apart")
+def test_open_mpi_5_takes_hosts_that_share_a_host_name_for_one_node(make_cluster, synthetic_corpus, tmp_path):
+    """Open MPI 5's runtime (PRRTE) names each node as its daemon's host name says, so two
+    hosts named alike are one node to it, and Horovod's split of the ranks by node fails
+    as the job starts. It ends there, as docs/reference.md says, and leaves nothing."""
+    hosts = make_cluster(names=["vm", "vm"])
+    outcome = hosts.start("host1", [*MPIRUN, *train_args(synthetic_corpus[0], tmp_path / "out")],
+                          env=dict(os.environ, **RUN_ENV), cwd=ROOT).finish(120)
+    assert not outcome.timed_out and outcome.returncode != 0, outcome.stderr[-3000:]
+    assert "An error occurred in MPI_Comm_split_type" in outcome.stderr, outcome.stderr[-3000:]
+    assert "MPI_ERR_TRUNCATE: message truncated" in outcome.stderr, outcome.stderr[-3000:]
+    assert outcome.left_behind == [] and hosts.left_after(10) == []
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -15,8 +15,9 @@ import signal
 import pytest
 import tensorflow as tf
 
-from conftest import MPIRUN, TINY_CONFIG, checkpoint_position, entry, error_lines, run_with_actions
-from hooks import all_paused, pause_hooks
+from conftest import (MPIRUN, TINY_CONFIG, assert_forwarding_line, checkpoint_position, entry, error_lines,
+                      run_with_actions)
+from hooks import all_got_signal, all_paused, pause_hooks
 from test_every_rank_exit_status import rank_pid, ranks_recording_their_status, statuses
 
 STEPS = 8
@@ -133,13 +134,20 @@ def test_sigterm_to_a_rank_waiting_for_rank_0s_evaluation(tmp_path, long_evaluat
 
 @pytest.mark.timeout(200)
 def test_sigusr1_to_mpirun_during_the_test_evaluation_is_ignored(tmp_path, long_evaluations):
-    """mpirun forwards SIGUSR1 to every rank at once (RELIABILITY.md)."""
+    """mpirun forwards SIGUSR1 to every rank at once (RELIABILITY.md): the ranks, paused
+    as the test evaluation starts, go on once each has noted the signal."""
     out = tmp_path / "out"
     release = tmp_path / "release"
+
+    def let_go(launch):
+        open(release, "w").close()
+
     result = run_with_actions([*MPIRUN, "-np", "2", *entry("lm_ptb_distributed.py", at_test(release, (0, 1))),
                                *args(long_evaluations, out, 1)],
-                              [(paused(TEST, (0, 1)), to_the_launcher(signal.SIGUSR1, release))], 180, tmp_path)
-    assert "Forwarding signal 10 to job" in result.stderr
+                              [(paused(TEST, (0, 1)), lambda launch: launch.send_signal(signal.SIGUSR1)),
+                               (lambda launch: all_got_signal(launch.stderr(), (0, 1), signal.SIGUSR1), let_go)],
+                              180, tmp_path)
+    assert_forwarding_line(result.stderr, signal.SIGUSR1)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test perplexity" in result.stdout and "stopped by signal" not in result.stderr
     assert checkpoints(out) == [(1, 0)]
