@@ -14,7 +14,7 @@ import numpy as np
 
 from ptb_reader import EOS, UNK
 from runtime import inference  # before TensorFlow: runtime keeps its start-up notices off stderr
-from runtime.errors import UsageError
+from core.errors import UsageError
 import tensorflow as tf
 
 

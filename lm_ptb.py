@@ -12,7 +12,7 @@ from runtime import cli
 
 
 def main(argv=None, callbacks=()):
-    """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
+    """Trains as the command line `argv` says, with `callbacks` in the loop (core/callbacks.py)."""
     args = cli.parse_args(argv, distributed=False)
     from runtime import context, job  # TensorFlow loads here, once the arguments are read
     intra, inter = context.configure_cpu_threads(local_size=1, row_groups=args.row_groups)

@@ -13,7 +13,7 @@ from runtime import cli
 
 
 def main(argv=None, callbacks=()):
-    """Trains as the command line `argv` says, with `callbacks` in the loop (runtime/callbacks.py)."""
+    """Trains as the command line `argv` says, with `callbacks` in the loop (core/callbacks.py)."""
     args = cli.parse_args(argv, distributed=True)
     from runtime import context, job  # TensorFlow loads here, once the arguments are read
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.

@@ -10,7 +10,7 @@ Processes on one host sharing ``data_path`` take turns on a lock (filelock) in t
 folder: the first downloads, the others find the files or, if that download failed, raise its error
 (kept beside the lock) rather than try again.
 
-Its errors are runtime.errors.PTBDataError, the one error of the data modules. It never imports
+Its errors are core.errors.PTBDataError, the one error of the data modules. It never imports
 Horovod or TensorFlow.
 """
 
@@ -32,8 +32,8 @@ import filelock
 import pooch
 import requests
 
-from runtime.atomic_files import atomic_write
-from runtime.errors import PTBDataError
+from core.atomic_files import atomic_write
+from core.errors import PTBDataError
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from ptb_download import SPLITS, PTBDataError, prepare_data
-from runtime.atomic_files import atomic_write, replacing
+from core.atomic_files import atomic_write, replacing
 
 logger = logging.getLogger(__name__)
 

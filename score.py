@@ -14,7 +14,7 @@ import sys
 
 import ptb_reader
 from runtime import context, inference, trainer
-from runtime.errors import UsageError
+from core.errors import UsageError
 
 
 def score(trained, ids, name="the text"):

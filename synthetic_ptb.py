@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from runtime.atomic_files import atomic_write
+from core.atomic_files import atomic_write
 
 EOS = "<eos>"
 # Sentences average about 1 / 0.08 = 12 words; with 4 successors this puts

@@ -267,7 +267,7 @@ def measure_loop(config_name, steps=30, repeats=5, warmup=10, data_path=""):
 
     import lm_ptb
     from runtime import config as config_lib
-    from runtime.callbacks import StepCallback
+    from core.callbacks import StepCallback
 
     class Clock(StepCallback):
         def __init__(self):

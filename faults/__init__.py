@@ -1,7 +1,7 @@
 """The fault layer: what keeps a distributed run from hanging, and elastic mode.
 
 It attaches to the training loop from outside, as a step callback
-(runtime/callbacks.py) that follows the loop's phase events:
+(core/callbacks.py) that follows the loop's phase events:
 
 - watchdog.py: heartbeats between ranks; a silent, stuck or orphaned rank
   ends the job within --hang_timeout;

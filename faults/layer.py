@@ -3,8 +3,8 @@ import logging
 import os
 
 from faults.watchdog import Watchdog
-from runtime.callbacks import StepCallback
-from runtime.errors import CheckpointError
+from core.callbacks import StepCallback
+from core.errors import CheckpointError
 
 log = logging.getLogger("lm_ptb")
 

@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from runtime.hosts import local_addresses, machine_identity
+from core.hosts import local_addresses, machine_identity
 
 HANG_EXIT = 3
 DEFAULT_TIMEOUT_S = 120.0

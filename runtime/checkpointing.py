@@ -16,8 +16,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from runtime.atomic_files import atomic_write
-from runtime.errors import CheckpointError
+from core.atomic_files import atomic_write
+from core.errors import CheckpointError
 
 log = logging.getLogger("lm_ptb")
 # An output folder's checkpoint folders: the latest few, and the best by validation.

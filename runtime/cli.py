@@ -10,7 +10,7 @@ import sys
 
 from faults.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
 from runtime import logs
-from runtime.errors import ERROR_EXIT
+from core.errors import ERROR_EXIT
 from runtime.options import RunOptions
 
 # Variables that MPI and Gloo launchers set in every process they start.

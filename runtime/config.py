@@ -25,7 +25,7 @@ import os
 import sys
 import types
 
-from runtime.errors import ConfigError
+from core.errors import ConfigError
 from texar_lite import decoder, embedder, optimization
 from texar_lite.hparams import HParams, HParamsError, merge, parse_override
 

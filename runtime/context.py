@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from runtime.errors import Rank0Failed
+from core.errors import Rank0Failed
 
 
 class LocalContext:

@@ -13,7 +13,7 @@ import tensorflow as tf
 import ptb_reader
 from runtime import config as config_lib
 from runtime.cli import error_status
-from runtime.errors import CheckpointError, ConfigError, PTBDataError, UsageError, exit_code
+from core.errors import CheckpointError, ConfigError, PTBDataError, UsageError, exit_code
 from texar_lite.hparams import HParams
 from texar_lite.model import LanguageModel
 

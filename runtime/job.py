@@ -16,7 +16,7 @@ from runtime import config as config_lib
 from runtime import context, logs, trainer
 from runtime.checkpointing import BEST_DIR, LATEST_DIR, checkpoints_in
 from runtime.cli import error_line
-from runtime.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
+from core.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan, check_plan
@@ -94,7 +94,7 @@ def _prepare(args, ctx):
 
 def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=()):
     """Runs training for the parsed `args` on `ctx`, with `callbacks` in the loop
-    (runtime/callbacks.py); returns the exit status."""
+    (core/callbacks.py); returns the exit status."""
     rank_logging = logs.RankLogging(ctx, args.mpi_log, args.log_path)
     # The fault layer goes first among the callbacks (faults/layer.py).
     faults = FaultLayer(ctx, args.hang_timeout, args.commit_every) if ctx.distributed else None

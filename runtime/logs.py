@@ -19,7 +19,7 @@ import threading
 
 import tqdm
 
-from runtime.hosts import local_addresses, machine_identity
+from core.hosts import local_addresses, machine_identity
 
 log = logging.getLogger("lm_ptb")
 MODES = ("master", "workers", "collect")

@@ -15,11 +15,11 @@ import tensorflow as tf
 
 import ptb_reader
 from runtime import logs, summary
-from runtime.atomic_files import atomic_write
-from runtime.callbacks import CallbackList
+from core.atomic_files import atomic_write
+from core.callbacks import CallbackList
 from runtime.checkpointing import TrainCheckpoint, global_lstm_state
 from runtime.context import weights_digest
-from runtime.errors import CheckpointError, TrainingError, TrainingInterrupted
+from core.errors import CheckpointError, TrainingError, TrainingInterrupted
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan
 from runtime.results import results_record, versions
@@ -156,7 +156,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     and returns the results dict.
 
     Rank 0 also writes output_dir/metrics.jsonl, results.json and checkpoints.
-    `callbacks` (runtime/callbacks.py) run inside the loop, on every rank.
+    `callbacks` (core/callbacks.py) run inside the loop, on every rank.
     `run_attempts(run, variables, load_start)`, when given, drives the loop
     instead of one plain run: faults/layer.py's elastic attempts do.
     """

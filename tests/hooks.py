@@ -1,4 +1,4 @@
-"""The tests' step callbacks (runtime/callbacks.py), and the reading of what they record.
+"""The tests' step callbacks (core/callbacks.py), and the reading of what they record.
 
 Fault injection, in the spirit of Horovod's elastic tests: the spec
 "rank=1,epoch=1,step=5,mode=kill" makes rank 1 fail at the start of step 5
@@ -37,7 +37,7 @@ import socket
 import sys
 import time
 
-from runtime.callbacks import StepCallback
+from core.callbacks import StepCallback
 
 MODES = ("exception", "kill", "term", "stop", "hang", "pause")
 POINTS = ("step", "evaluation", "waiting", "test", "checkpoint", "begin")

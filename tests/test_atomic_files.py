@@ -1,10 +1,10 @@
-"""runtime/atomic_files.py: a path holds its old bytes or its new ones, on disk, never half."""
+"""core/atomic_files.py: a path holds its old bytes or its new ones, on disk, never half."""
 import os
 
 import pytest
 
-from runtime import atomic_files
-from runtime.atomic_files import atomic_write, replacing
+from core import atomic_files
+from core.atomic_files import atomic_write, replacing
 
 
 def test_atomic_write_replaces_the_content_and_leaves_no_temporary_file(tmp_path):

@@ -1,4 +1,4 @@
-"""Step callbacks (runtime/callbacks.py), passed to lm_ptb.py's main as a user would."""
+"""Step callbacks (core/callbacks.py), passed to lm_ptb.py's main as a user would."""
 import json
 import math
 
@@ -15,7 +15,7 @@ import signal
 import sys
 
 import lm_ptb
-from runtime.callbacks import StepCallback
+from core.callbacks import StepCallback
 
 
 class Log(StepCallback):

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from conftest import PYTHON, ROOT, TINY_CONFIG, lm_ptb, run_command
 from runtime import cli, inference, job
-from runtime.callbacks import StepCallback
+from core.callbacks import StepCallback
 from runtime.options import RunOptions
 from runtime.config import ConfigError, from_values, load_config, schema
 from runtime.context import LocalContext

@@ -188,7 +188,7 @@ def test_an_elastic_job_starts_in_its_own_folder_and_takes_no_overwrite(tmp_path
     elastic rank 0."""
     from runtime import cli, job
     from runtime.context import LocalContext
-    from runtime.errors import UsageError
+    from core.errors import UsageError
 
     class ElasticRank0(LocalContext):
         elastic = True

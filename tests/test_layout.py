@@ -1,4 +1,6 @@
-"""Where things live: the loop knows nothing of the fault layer, and --help loads no TensorFlow."""
+"""Where things live: the loop knows nothing of the fault layer, the layers import only
+downwards (core, then the data and the fault layer, then runtime), and --help loads
+no TensorFlow."""
 import subprocess
 
 import pytest
@@ -16,6 +18,17 @@ def test_the_training_loop_imports_nothing_of_the_fault_layer():
     modules = loaded_modules("import runtime.trainer")
     assert "runtime.trainer" in modules
     assert sorted(m for m in modules if m == "faults" or m.startswith("faults.")) == []
+
+
+@pytest.mark.parametrize("code, above", [
+    ("import core.errors, core.callbacks, core.atomic_files, core.hosts",
+     ("runtime", "faults", "ptb_reader", "ptb_download", "texar_lite", "tensorflow", "horovod")),
+    ("import ptb_reader, ptb_download", ("runtime", "faults", "tensorflow", "horovod")),
+    ("import faults.layer, faults.watchdog", ("runtime",)),
+], ids=["core", "data", "faults"])
+def test_each_layer_imports_nothing_above_it(code, above):
+    modules = loaded_modules(code)
+    assert sorted(m for m in modules if m.split(".")[0] in above) == []
 
 
 @pytest.mark.parametrize("script", ["lm_ptb.py", "lm_ptb_distributed.py"])

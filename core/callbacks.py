@@ -1,7 +1,7 @@
 """Step callbacks: your own code inside the training loop, on every rank.
 
     import lm_ptb
-    from runtime.callbacks import StepCallback
+    from core.callbacks import StepCallback
 
     class PrintLoss(StepCallback):
         def after_step(self, epoch, step, loss):
