@@ -133,7 +133,7 @@ if alive(parent, parent_start):
 """
 
 
-def _process_name(pid):
+def process_name(pid):
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()
@@ -242,7 +242,7 @@ class Watchdog:
         self.machine = machine_identity()
         self.out = out or sys.stderr
         self.ppid = os.getppid()
-        self.launcher = _process_name(self.ppid)
+        self.launcher = process_name(self.ppid)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("0.0.0.0", 0))
         self.sock.settimeout(self.interval / 2)
@@ -537,7 +537,7 @@ class Watchdog:
         addresses = {a for r in far for a, _ in self.peers[r][1]}
         mine = set(_ancestors(os.getpid()))
         for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in mine or _process_name(int(name)) != "ssh":
+            if not name.isdigit() or int(name) in mine or process_name(int(name)) != "ssh":
                 continue
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:

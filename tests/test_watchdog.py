@@ -15,7 +15,7 @@ from conftest import ROOT
 from harness.launch import Launch, tagged_pids
 from runtime import cli
 from faults import watchdog
-from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog
+from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog, process_name
 
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
        "addresses": ["10.0.0.2", "10.0.1.2"]}
@@ -232,7 +232,7 @@ def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave
             time.sleep(0.1)
         ended = launch.wait(DAEMON_GRACE_S + 5)
         deadline = time.monotonic() + 2  # the guard ends the ssh client just after the daemon
-        while (clients := [pid for pid in tagged_pids(launch.tag) if _comm(pid) == "ssh"]) and ended \
+        while (clients := [pid for pid in tagged_pids(launch.tag) if process_name(pid) == "ssh"]) and ended \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
@@ -241,14 +241,6 @@ def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave
         assert ended and outcome.returncode == -signal.SIGKILL and clients == [], (outcome, clients)
     else:
         assert not ended and len(clients) == 1, (outcome, clients)
-
-
-def _comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 # --- elastic runs: only the rank at fault leaves ------------------------------
