@@ -225,23 +225,26 @@ def test_a_cut_link_during_rank_0s_evaluation_ends_the_job(cluster, synthetic_co
 
 
 def test_a_cut_link_during_a_checkpoint_ends_the_job(cluster, synthetic_corpus, tmp_path):
-    """A 1200-unit model makes epoch 1's checkpoint two writes of 92 MB. Both ranks pause
-    as that checkpoint starts; the link is cut there, then rank 0 writes while rank 1
-    waits for it at the rendezvous."""
+    """A 1200-unit model makes each checkpoint two writes of 92 MB. Both ranks pause as
+    the checkpoint after step 2 starts (--checkpoint_every 2: no validation of that big
+    model comes first, however loaded the machine); the link is cut there, then rank 0
+    writes while rank 1 waits for it at the rendezvous."""
     out, release = tmp_path / "out", tmp_path / "release"
-    big = ["--set", "cell.kwargs.num_units=1200", "--set", "emb.dim=1200", "--max_steps_per_epoch", "4"]
-    args = train_args(synthetic_corpus[0], out, *big, epochs=2, hooks=paused(release, at="checkpoint", step=0))
+    big = ["--set", "cell.kwargs.num_units=1200", "--set", "emb.dim=1200", "--max_steps_per_epoch", "4",
+           "--checkpoint_every", "2"]
+    args = train_args(synthetic_corpus[0], out, *big, epochs=2,
+                      hooks=paused(release, at="checkpoint", epoch=0, step=2))
     outcome, seconds, left, _ = strike(cluster, MPIRUN, args, BOTH_PAUSED, lambda h: h.cut("host2"),
                                     "cut in checkpoint", release=release)
     errors = error_lines(outcome.stderr)
-    record("link cut during epoch 1's checkpoint", "mpirun", seconds, outcome.returncode,
+    record("link cut during the checkpoint after step 2", "mpirun", seconds, outcome.returncode,
            errors[0] if errors else "", len(left), checkpoint_position(latest_checkpoint(out)))
     # mpirun cannot reach host2's daemon to stop it; the rank's guard ends it.
     assert outcome.returncode == -signal.SIGKILL and seconds < BOUND_S and left == []
     assert len(errors) == 1, errors
-    assert "rank 1 on host2 went silent, last heard in checkpoint (end of epoch 1)" in errors[0], errors
+    assert "rank 1 on host2 went silent, last heard in checkpoint (epoch 1, step 2)" in errors[0], errors
     # Rank 0 finished writing; only the rendezvous after it was cut off.
-    assert checkpoint_position(latest_checkpoint(out)) == (1, 0)
+    assert checkpoint_position(latest_checkpoint(out)) == (0, 2)
 
 
 @pytest.mark.parametrize("launcher,name,code", [(MPIRUN, "mpirun", 3), (HOROVODRUN, "horovodrun --gloo", 1)])
