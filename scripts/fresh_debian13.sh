@@ -37,7 +37,12 @@ trap cleanup EXIT
 # "/" as a slave, which fails on a folder that is no mount point.
 mount --bind "$root" "$root" && mounted+=("$root")
 mount -t proc proc "$root/proc" && mounted+=("$root/proc")
-for dir in sys dev dev/pts run; do
+# /sys with the mounts below it, as a system has them (slurmd, in the Slurm tests, needs the
+# cgroup file system at /sys/fs/cgroup); a slave copy, so that nothing unmounted in the root
+# reaches this machine's own.
+mkdir -p "$root/sys"
+mount --rbind /sys "$root/sys" && mounted+=("$root/sys") && mount --make-rslave "$root/sys"
+for dir in dev dev/pts run; do
     mkdir -p "$root/$dir"
     mount --bind "/$dir" "$root/$dir" && mounted+=("$root/$dir")
 done
