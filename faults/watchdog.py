@@ -500,8 +500,13 @@ class Watchdog:
             return
         self.fired = True
         if reporter == self.rank:
-            self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
-            self.out.flush()
+            try:
+                self.out.write(f"error (rank {self.rank} on {self.host}): {message}. {self.outcome()}\n")
+                self.out.flush()
+            except OSError:
+                # Nothing reads it any more (a cut link ended the rank's ssh session),
+                # and the rank must end all the same.
+                pass
             self._send(dict(self._own_state(), phase=ENDED))
         else:
             # The reporter comes to the same verdict within a heartbeat or so: its line

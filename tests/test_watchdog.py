@@ -177,6 +177,22 @@ def test_a_rank_that_does_not_report_leaves_after_the_line_of_the_one_that_does(
     else:
         assert seen == "" and left_at - start >= dogs[1]._gap() and exits == {}
 
+
+def test_a_rank_whose_output_has_no_reader_still_ends(monkeypatch):
+    """A cut link ends the ssh session of the rank beyond it, and with it the reader of
+    its stderr: its line cannot be written (a broken pipe), and it ends all the same."""
+    class NoReader:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        flush = write
+
+    dog = Watchdog(0, 10, out=NoReader())
+    exits = []
+    monkeypatch.setattr(watchdog.os, "_exit", exits.append)
+    dog._end("rank 1 on host2 went silent", 0)
+    assert exits == [3]
+
 @pytest.mark.parametrize("value", ["3", "-1", "soon"])
 def test_hang_timeout_below_5_s_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_info:
