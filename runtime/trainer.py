@@ -173,7 +173,7 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     variables = list(model.variables) + list(optimizer.variables)
 
     def load_start():
-        return checkpoint.initial_position(opts.resume, BatchPlan.from_config(config, ctx.size).global_batch)
+        return checkpoint.initial_position(opts.resume, loop.plan().global_batch)
 
     if run_attempts:
         results = run_attempts(loop.run, variables, load_start)
@@ -204,6 +204,10 @@ class TrainingLoop:
         self.board = None
         self.valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
 
+    def plan(self):
+        """The batch plan of the world as it is now: an elastic reset changes its size."""
+        return BatchPlan.from_config(self.config, self.ctx.size)
+
     def epoch_size(self, global_batch):
         size = ptb_reader.num_steps_per_epoch(len(self.data.train), global_batch, self.config["num_steps"])
         return min(size, self.opts.max_steps_per_epoch) if self.opts.max_steps_per_epoch else size
@@ -211,7 +215,7 @@ class TrainingLoop:
     def run(self, position):
         """Trains from `position` to the end and returns the results, the same on every rank."""
         ctx, config = self.ctx, self.config
-        plan = BatchPlan.from_config(config, ctx.size)
+        plan = self.plan()
         position = plan.refit(position, self.epoch_size)
         digests = ctx.allgather_object(
             {"before_broadcast": self.init_digest, "after_broadcast": weights_digest(self.model.trainable_variables)},
