@@ -17,8 +17,11 @@ the graceful path), stop (SIGSTOP to itself: frozen), hang (blocks for ever
 in a read that nothing answers, alive but stuck), pause (writes "fault
 injection: rank R paused ...", then waits until the file named by
 release=PATH exists: the test strikes at that named point, then lets the
-rank go on). Every fault first writes that line, with the process's pid and
-the time.
+rank go on), await_host (elastic runs, rank 0 of an attempt with fewer ranks
+than the process's first: waits, at most AWAIT_HOST_S, until horovodrun tells
+it that a host was added, so that the shrunk world cannot finish before a
+lost host's blacklist cooldown ends; the next commit then re-forms the world).
+Every fault first writes that line, with the process's pid and the time.
 
 Step recording: every process appends one JSON line per step it takes,
 {"epoch", "step", "loss", "rank"}, to DIR/steps.<pid>.jsonl, written whole
@@ -35,12 +38,15 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 
 from core.callbacks import StepCallback
 
-MODES = ("exception", "kill", "term", "stop", "hang", "pause")
+MODES = ("exception", "kill", "term", "stop", "hang", "pause", "await_host")
 POINTS = ("step", "evaluation", "waiting", "test", "checkpoint", "begin")
+# Far longer than a blacklist cooldown of the tests' and the discovery that follows it.
+AWAIT_HOST_S = 120
 
 
 class FaultInjectedError(RuntimeError):
@@ -83,11 +89,21 @@ class Fault(StepCallback):
         self.armed = False
         self.fired = False
         self.in_validation = False  # at="waiting": inside the validation after `epoch`
+        self.first_size = None  # mode="await_host": the world size of this process's first attempt
+        self.host_added = threading.Event()
 
     def begin(self, rank, size, epoch, step):
         # The rank of this attempt: an elastic reset may renumber the ranks.
         self.armed = socket.gethostname() == self.host if self.host else rank == self.rank
         self.current_rank = rank
+        if self.mode == "await_host":
+            if self.first_size is None:
+                self.first_size = size
+                # Horovod's worker notification service tells rank 0, the
+                # coordinator, what the discovery script changed.
+                from horovod.common.elastic import notification_manager
+                notification_manager.register_listener(self)
+            self.armed = self.armed and size < self.first_size
         if self.at == "begin":
             self._fire(f"the start of an attempt of {size} ranks at epoch {epoch} step {step}")
 
@@ -117,7 +133,7 @@ class Fault(StepCallback):
         self.fired = True
         # The failure tests time the job's exit from this line, written whole
         # so that no other rank's output splits it.
-        verb = "paused" if self.mode == "pause" else self.mode
+        verb = {"pause": "paused", "await_host": "awaits an added host"}.get(self.mode, self.mode)
         sys.stderr.write(f"fault injection: rank {self.current_rank} {verb} at {where} "
                          f"(pid {os.getpid()}, unix time {time.time():.3f})\n")
         sys.stderr.flush()
@@ -130,9 +146,18 @@ class Fault(StepCallback):
             with self._noting_signals():
                 while not os.path.exists(self.release):
                     time.sleep(0.05)
+        elif self.mode == "await_host":
+            if not self.host_added.wait(AWAIT_HOST_S):
+                raise FaultInjectedError(f"no host was added in {AWAIT_HOST_S} s at {where}")
         else:
             raise FaultInjectedError(f"injected fault at {where} on rank {self.current_rank}")
 
+
+    def on_hosts_updated(self, timestamp, update_res):
+        """Horovod's listener call (horovod.common.elastic.notification_manager)."""
+        from horovod.runner.elastic.worker import HostUpdateResult
+        if update_res & HostUpdateResult.added:
+            self.host_added.set()
 
     @contextlib.contextmanager
     def _noting_signals(self):

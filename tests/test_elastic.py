@@ -45,6 +45,13 @@ def fault(host, mode, epoch=0, step=15, at="step"):
     return ["--fault", f"host={host},epoch={epoch},step={step},mode={mode},at={at}"]
 
 
+def host_back_before(epoch):
+    """The hooks that keep a shrunk world from finishing before the lost host's blacklist
+    cooldown ends: its rank 0 waits before step 0 of `epoch` until horovodrun says a host
+    was added (tests/hooks.py, mode=await_host)."""
+    return ["--fault", f"rank=0,epoch={epoch},step=0,mode=await_host"]
+
+
 def seconds_since_fault(launch):
     """Seconds from the first fault line the launch's ranks wrote to now."""
     return time.time() - fault_time(launch.stdout() + launch.stderr())
@@ -207,7 +214,7 @@ def test_a_host_that_returns_rejoins_and_the_steps_match_plain_runs(cluster, syn
     out = tmp_path / "elastic"
     # The process that joins later never takes step 15 of epoch 1: its fault never fires.
     launch = start_elastic(cluster, synthetic_corpus[0], out, 3, "--blacklist-cooldown-range", "2", "3",
-                           hooks=[*recorded(out), *fault("host2", "kill")])
+                           hooks=[*recorded(out), *fault("host2", "kill"), *host_back_before(1)])
     wait_for(launch, WORLD.pattern, count=3)
     outcome = finish(cluster, launch)
     assert outcome.returncode == 0, outcome.stderr[-3000:]
@@ -247,7 +254,7 @@ def test_four_hosts_lose_one_and_get_it_back(make_cluster, synthetic_corpus, tmp
     hosts = make_cluster(4)
     out = tmp_path / "elastic"
     launch = start_elastic(hosts, synthetic_corpus[0], out, 2, "--blacklist-cooldown-range", "2", "3",
-                           hosts=hosts.hosts, hooks=[*recorded(out), *fault("host3", "kill")],
+                           hosts=hosts.hosts, hooks=[*recorded(out), *fault("host3", "kill"), *host_back_before(1)],
                            extra=("--set", "batch_size=12"))
     wait_for(launch, WORLD.pattern, count=3, seconds=240)
     outcome = finish(hosts, launch, 300)
