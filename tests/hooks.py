@@ -152,7 +152,6 @@ class Fault(StepCallback):
         else:
             raise FaultInjectedError(f"injected fault at {where} on rank {self.current_rank}")
 
-
     def on_hosts_updated(self, timestamp, update_res):
         """Horovod's listener call (horovod.common.elastic.notification_manager)."""
         from horovod.runner.elastic.worker import HostUpdateResult

@@ -193,6 +193,7 @@ def test_a_rank_whose_output_has_no_reader_still_ends(monkeypatch):
     dog._end("rank 1 on host2 went silent", 0)
     assert exits == [3]
 
+
 @pytest.mark.parametrize("value", ["3", "-1", "soon"])
 def test_hang_timeout_below_5_s_is_a_usage_error(value, capsys):
     with pytest.raises(SystemExit) as exit_info:
