@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # README's two commands on a fresh Debian 13 (trixie), with Debian's own Python 3.13:
 #
-#     scripts/fresh_debian13.sh [DIR]      # as root; DIR defaults to /tmp/lm_ptb_trixie
+#     scripts/fresh_debian13.sh [DIR] [-- PYTEST_ARGS...]   # as root; DIR defaults to /tmp/lm_ptb_trixie
 #
 # Debootstraps a minimal Debian 13 into DIR (a second run reuses it), copies
 # this checkout's committed files into DIR/work/lm_ptb, and runs `make demo`
 # and `make test` there in a chroot, as a new user of that system would.
+# With `-- PYTEST_ARGS` it runs `make setup` and pytest on those arguments
+# instead (e.g. `-- -q tests/test_slurm.py`): one test file under Open MPI 5
+# without the whole suite; the copy's .venv then stays from the last run, and
+# make setup checks it.
 # PTB_DIR, when set, is copied in as the real PTB for the test that reads it.
 # Needs root (debootstrap, chroot, mounts) and debootstrap (installed if missing).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-root=${1:-/tmp/lm_ptb_trixie}
+root=/tmp/lm_ptb_trixie
+if [ $# -gt 0 ] && [ "$1" != -- ]; then root=$1; shift; fi
+run='make demo && make test'
+keep=()
+if [ $# -gt 0 ]; then
+    [ "$1" = -- ] && [ $# -gt 1 ] || { echo "fresh_debian13: usage: $0 [DIR] [-- PYTEST_ARGS...]" >&2; exit 2; }
+    shift
+    run="make setup && .venv/bin/python -m pytest ${*@Q}"
+    keep=(! -name .venv)
+fi
 
 [ "$(id -u)" = 0 ] || { echo "fresh_debian13: run it as root (debootstrap, chroot and mounts need it)" >&2; exit 2; }
 command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
@@ -47,9 +60,10 @@ for dir in dev dev/pts run; do
     mount --bind "/$dir" "$root/$dir" && mounted+=("$root/$dir")
 done
 
-rm -rf "$root/work/lm_ptb" && mkdir -p "$root/work"
+mkdir -p "$root/work/lm_ptb"
+find "$root/work/lm_ptb" -mindepth 1 -maxdepth 1 "${keep[@]}" -exec rm -rf {} +
 git -C "$here" archive --prefix=lm_ptb/ HEAD | tar -x -C "$root/work"
 if [ -n "${PTB_DIR:-}" ]; then
     mkdir -p "$root/work/shared/data" && cp -r "$PTB_DIR" "$root/work/shared/data/ptb"
 fi
-chroot "$root" /bin/bash -c 'cd /work/lm_ptb && python3 --version && make demo && make test'
+chroot "$root" /bin/bash -c "cd /work/lm_ptb && python3 --version && $run"
