@@ -45,6 +45,8 @@ import threading
 import time
 
 from core.hosts import local_addresses, machine_identity
+from faults.procs import ancestors, named, process_name, start_time
+from faults.sentinel import CLEAN
 
 HANG_EXIT = 3
 DEFAULT_TIMEOUT_S = 120.0
@@ -54,127 +56,21 @@ DAEMON_GRACE_S = 5.0
 # The phase of the last heartbeat of the rank that reported the job's end.
 ENDED = "ended"
 OPEN_MPI_DAEMONS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted")
-
-# A rank's sentinel, a process of its own (its own session: a signal to the
-# rank's process group does not end it too). Two duties:
-# - a stopped rank (SIGSTOP, a debugger) runs no watchdog. Once its launcher
-#   is gone it would stay stopped for ever, so the sentinel ends it. In an
-#   elastic run a rank stopped for longer than the timeout is ended too:
-#   Horovod re-forms the world only around a worker that exits;
-# - the guard: a rank whose parent is an Open MPI daemon and that ends other
-#   than by Python's own exit (the watchdog's os._exit, an abort inside MPI,
-#   a signal) leaves the daemon DAEMON_GRACE_S to end the job, then SIGKILLs
-#   it, and then the ssh clients it started: a daemon that cannot reach its
-#   peers never returns, and an ssh to a host that vanished waits for a FIN
-#   that never comes (ssh has no keepalive by default). Under Open MPI 5, MPI's
-#   TCP transport aborts a rank whose peer it loses, often before the
-#   watchdog's timeout, and so leaves the daemon stuck.
-# Its stdin is a pipe from the rank: the rank writes "clean" as Python exits,
-# and end of file means the rank is gone.
-SENTINEL = """
-import os, select, signal, sys, time
-def stat(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-def alive(pid, start):
-    try:
-        fields = stat(pid)
-    except OSError:
-        return False
-    return fields[19] == start and fields[0] not in "ZX"
-pid, start, parent, parent_start = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
-timeout, elastic, grace = float(sys.argv[5]), sys.argv[6] == "1", float(sys.argv[7])
-stopped_since = None
-word = b""
-while True:
-    try:
-        fields = stat(pid)
-    except OSError:
-        break
-    if fields[19] != start or fields[0] in "ZX":
-        break
-    now = time.monotonic()
-    if fields[0] in "tT":
-        stopped_since = stopped_since or now
-        if int(fields[1]) != parent or (elastic and now - stopped_since > timeout):
-            os.kill(pid, signal.SIGKILL)
-            break
-    else:
-        stopped_since = None
-    if select.select([0], [], [], 0.5)[0]:
-        data = os.read(0, 64)
-        if not data:
-            break
-        word += data
-# What the rank wrote before it went, had this loop not read it yet.
-while select.select([0], [], [], 1)[0]:
-    data = os.read(0, 64)
-    if not data:
-        break
-    word += data
-if grace < 0 or word == b"clean":
-    sys.exit()
-deadline = time.monotonic() + grace
-while alive(parent, parent_start) and time.monotonic() < deadline:
-    time.sleep(0.1)
-if alive(parent, parent_start):
-    clients = []
-    for name in os.listdir("/proc"):
-        try:
-            fields = stat(name) if name.isdigit() else None
-            with open(f"/proc/{name}/comm") as f:
-                if fields and int(fields[1]) == parent and f.read().strip() == "ssh":
-                    clients.append((int(name), fields[19]))
-        except (OSError, ValueError, IndexError):
-            pass
-    for victim, since in [(parent, parent_start), *clients]:
-        if alive(victim, since):
-            os.kill(victim, signal.SIGKILL)
-"""
-
-
-def process_name(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _stat(pid):
-    """The fields of /proc/PID/stat after the process name: [state, ppid, ...]; [1] is
-    the parent, [19] the start time. Raises OSError once the process is gone."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
+# This project's folder, where the sentinel (faults/sentinel.py) is found.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _farewell(fd):
     """Tells the sentinel that this rank leaves by Python's own exit."""
     try:
-        os.write(fd, b"clean")
+        os.write(fd, CLEAN)
     except OSError:  # the sentinel is gone
         pass
 
 
-def _parent(pid):
-    return int(_stat(pid)[1])
-
-
-def _ancestors(pid):
-    """The pids above `pid`, nearest first."""
-    found = []
-    while pid > 1:
-        try:
-            pid = _parent(pid)
-        except (OSError, ValueError, IndexError):
-            break
-        found.append(pid)
-    return found
-
-
 def _horovodrun():
     """The pid of the horovodrun this process runs under on this host, or None."""
-    for pid in _ancestors(os.getpid()):
+    for pid in ancestors(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")[:2]
@@ -205,10 +101,6 @@ def _addresses_of(host):
         return {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
     except OSError:
         return set()
-
-
-def _start_time(pid):
-    return _stat(pid)[19]
 
 
 def driver_reachable(timeout_s=2.0):
@@ -309,13 +201,17 @@ class Watchdog:
     def start(self):
         self.moved[self.rank] = time.monotonic()
         read_end, farewell = os.pipe()
-        grace = DAEMON_GRACE_S if self.launcher in OPEN_MPI_DAEMONS else -1
+        guard = ["--guard", str(DAEMON_GRACE_S)] if self.launcher in OPEN_MPI_DAEMONS else []
+        # Run from the project's folder, which python -m puts first on the path
+        # (so that no `faults` in the rank's folder stands in for it), and named
+        # on PYTHONPATH too, for an environment that sets PYTHONSAFEPATH.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")])))
         try:
-            subprocess.Popen([sys.executable, "-c", SENTINEL, str(os.getpid()), _start_time(os.getpid()),
-                              str(self.ppid), _start_time(self.ppid), str(self.timeout),
-                              "1" if self.elastic else "0", str(grace)],
+            subprocess.Popen([sys.executable, "-m", "faults.sentinel", str(os.getpid()), start_time(os.getpid()),
+                              str(self.ppid), start_time(self.ppid), "--timeout", str(self.timeout),
+                              *(["--elastic"] if self.elastic else []), *guard],
                              stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, cwd=_ROOT, env=env)
         except OSError:
             os.close(farewell)
         else:
@@ -540,19 +436,19 @@ class Watchdog:
             return
         self.cut_loose |= far
         addresses = {a for r in far for a, _ in self.peers[r][1]}
-        mine = set(_ancestors(os.getpid()))
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in mine or process_name(int(name)) != "ssh":
+        mine = set(ancestors(os.getpid()))
+        for pid in named("ssh"):
+            if pid in mine:
                 continue
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
                     words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
             except OSError:
                 continue
             host = _ssh_host(words)
-            if host and _addresses_of(host) & addresses and launcher in _ancestors(int(name)):
+            if host and _addresses_of(host) & addresses and launcher in ancestors(pid):
                 try:
-                    os.kill(int(name), signal.SIGTERM)
+                    os.kill(pid, signal.SIGTERM)
                 except OSError:
                     pass
 

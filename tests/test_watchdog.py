@@ -1,4 +1,4 @@
-"""The watchdog's judgement (runtime/watchdog.py) on hand-made states, its
+"""The watchdog's judgement (faults/watchdog.py) on hand-made states, its
 heartbeats over real UDP, and the --hang_timeout flag. The faults themselves,
 on namespace hosts, are in test_network_faults.py."""
 import io
@@ -15,7 +15,8 @@ from conftest import ROOT
 from harness.launch import Launch, tagged_pids
 from runtime import cli
 from faults import watchdog
-from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog, process_name
+from faults.procs import alive, process_name, start_time, stat
+from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog
 
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
        "addresses": ["10.0.0.2", "10.0.1.2"]}
@@ -211,46 +212,55 @@ def test_hang_timeout_defaults_to_120_s_and_0_turns_it_off():
 # --- the guard: a daemon left stuck by its rank ------------------------------
 
 # An Open MPI daemon that cannot reach its peers (its process name is the file's,
-# prted): it starts an ssh client and the rank, and never returns.
+# prted): it starts an ssh client and the rank (tests/watchdog_rank.py), and never returns.
 STUCK_DAEMON = """#!/bin/sh
 "$(dirname "$0")/ssh" 600 &
-"$RANK_PYTHON" -c "$RANK_CODE"
+"$RANK_PYTHON" "$RANK" "$LEAVE"
 echo "rank ended $?"
 sleep 600
 """
 
-# A rank: its watchdog started, then it leaves by `leave`.
-RANK_CODE = """
-import os, sys
-sys.path.insert(0, {root!r})
-from faults.watchdog import Watchdog
-Watchdog(0, 60).start()
-{leave}
-"""
 
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("leave,guarded", [("os._exit(3)", True), ("os.kill(os.getpid(), 9)", True),
-                                           ("sys.exit(3)", False)])
-def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave, guarded, tmp_path):
-    """os._exit stands for the watchdog's own exit and for an abort inside MPI (Open MPI 5's
-    TCP transport aborts a rank whose peer it loses); SIGKILL for a signal. Python's own
-    exit, even with an error status, leaves the daemon to end the job."""
+def start_stuck_daemon(tmp_path, leave):
+    """The daemon and its rank, which run in a folder that holds a `faults` package of
+    its own: the rank's sentinel must still be this project's."""
     daemon = tmp_path / "prted"
     daemon.write_text(STUCK_DAEMON)
     daemon.chmod(0o755)
     shutil.copy(shutil.which("sleep"), tmp_path / "ssh")
-    env = dict(os.environ, RANK_PYTHON=sys.executable, RANK_CODE=RANK_CODE.format(root=ROOT, leave=leave))
-    launch = Launch([str(daemon)], env=env, workdir=str(tmp_path / "launch"))
+    decoy = tmp_path / "cwd" / "faults"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "sentinel.py").write_text('raise SystemExit("not this project\'s sentinel")\n')
+    env = dict(os.environ, RANK_PYTHON=sys.executable, RANK=os.path.join(ROOT, "tests", "watchdog_rank.py"),
+               LEAVE=leave)
+    return Launch([str(daemon)], env=env, cwd=str(decoy.parent), workdir=str(tmp_path / "launch"))
+
+
+def wait_for(launch, text, limit_s=30):
+    deadline = time.monotonic() + limit_s
+    while text not in launch.stdout():
+        assert time.monotonic() < deadline, (launch.stdout(), launch.stderr())
+        time.sleep(0.1)
+    return launch.stdout()
+
+
+def ssh_clients(launch):
+    return [pid for pid in tagged_pids(launch.tag) if process_name(pid) == "ssh"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("leave,guarded", [("exit", True), ("kill", True), ("sys_exit", False)])
+def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave, guarded, tmp_path):
+    """os._exit stands for the watchdog's own exit and for an abort inside MPI (Open MPI 5's
+    TCP transport aborts a rank whose peer it loses); SIGKILL for a signal. Python's own
+    exit, even with an error status, leaves the daemon to end the job."""
+    launch = start_stuck_daemon(tmp_path, leave)
     try:
-        deadline = time.monotonic() + 30
-        while "rank ended" not in launch.stdout():
-            assert time.monotonic() < deadline, launch.stderr()
-            time.sleep(0.1)
+        wait_for(launch, "rank ended")
         ended = launch.wait(DAEMON_GRACE_S + 5)
         deadline = time.monotonic() + 2  # the guard ends the ssh client just after the daemon
-        while (clients := [pid for pid in tagged_pids(launch.tag) if process_name(pid) == "ssh"]) and ended \
-                and time.monotonic() < deadline:
+        while (clients := ssh_clients(launch)) and ended and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         outcome = launch.finish(0, linger_s=0)
@@ -258,6 +268,26 @@ def test_a_rank_that_ends_outside_pythons_exit_has_its_stuck_daemon_killed(leave
         assert ended and outcome.returncode == -signal.SIGKILL and clients == [], (outcome, clients)
     else:
         assert not ended and len(clients) == 1, (outcome, clients)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_rank_whose_launcher_is_gone_is_ended_by_its_sentinel(tmp_path):
+    """A stopped rank runs no watchdog: once its launcher is gone, only the sentinel can end it."""
+    launch = start_stuck_daemon(tmp_path, "stop")
+    try:
+        rank = int(wait_for(launch, "rank pid").split()[2])
+        since = start_time(rank)
+        deadline = time.monotonic() + 10
+        while stat(rank)[0] not in "tT":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        launch.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while alive(rank, since) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(rank, since)
+    finally:
+        launch.finish(0, linger_s=0)
 
 
 # --- elastic runs: only the rank at fault leaves ------------------------------
