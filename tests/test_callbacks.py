@@ -1,43 +1,15 @@
 """Step callbacks (core/callbacks.py), passed to lm_ptb.py's main as a user would."""
 import json
 import math
+import os
 
 import pytest
 
-from conftest import PYTHON, TINY_CONFIG, run_command
+from conftest import PYTHON, ROOT, TINY_CONFIG, run_command
 from runtime.config import load_config
 
 STEPS = 6
-# Logs every call; the first callback stops the run the documented way before step 2 of epoch 1.
-DRIVER = """
-import json
-import signal
-import sys
-
-import lm_ptb
-from core.callbacks import StepCallback
-
-
-class Log(StepCallback):
-    def __init__(self, stop_before=None):
-        self.calls, self.stop_before = [], stop_before
-
-    def begin(self, rank, size, epoch, step):
-        self.calls.append(["begin", rank, size, epoch, step])
-
-    def before_step(self, epoch, step):
-        self.calls.append(["before_step", epoch, step])
-        if (epoch, step) == self.stop_before:
-            signal.raise_signal(signal.SIGTERM)
-
-    def after_step(self, epoch, step, loss):
-        self.calls.append(["after_step", epoch, step, loss])
-
-
-stopping, resumed = Log(stop_before=(1, 2)), Log()
-codes = [lm_ptb.main(sys.argv[1:], callbacks=[stopping]), lm_ptb.main(sys.argv[1:] + ["--resume"], callbacks=[resumed])]
-print("calls: " + json.dumps({"codes": codes, "stopping": stopping.calls, "resumed": resumed.calls}))
-"""
+DRIVER = os.path.join(ROOT, "tests", "helpers", "callback_driver.py")
 
 
 def steps(calls, expected):
@@ -51,7 +23,7 @@ def steps(calls, expected):
 @pytest.mark.timeout(200)
 def test_callbacks_see_every_step_and_can_stop_the_run_to_resume(tmp_path, synthetic_corpus):
     out = tmp_path / "out"
-    proc = run_command([PYTHON, "-c", DRIVER, "--config", TINY_CONFIG, "--data_path", synthetic_corpus[0],
+    proc = run_command([PYTHON, DRIVER, "--config", TINY_CONFIG, "--data_path", synthetic_corpus[0],
                         "--output_dir", str(out), "--max_steps_per_epoch", str(STEPS), "--set", "num_epochs=2"],
                        timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -73,3 +45,4 @@ def test_callbacks_see_every_step_and_can_stop_the_run_to_resume(tmp_path, synth
     for epoch, record in enumerate(metrics):
         total = sum(losses[(epoch, step)] for step in range(STEPS))
         assert record["train_ppl"] == pytest.approx(math.exp(total / STEPS / num_steps), rel=1e-12)
+
