@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+import core.callbacks
 from conftest import PYTHON, ROOT, TINY_CONFIG, run_command
 from runtime.config import load_config
 
@@ -46,3 +47,7 @@ def test_callbacks_see_every_step_and_can_stop_the_run_to_resume(tmp_path, synth
         total = sum(losses[(epoch, step)] for step in range(STEPS))
         assert record["train_ppl"] == pytest.approx(math.exp(total / STEPS / num_steps), rel=1e-12)
 
+
+def test_the_callbacks_import_path_before_core_still_works():
+    from runtime.callbacks import CallbackList, StepCallback
+    assert (StepCallback, CallbackList) == (core.callbacks.StepCallback, core.callbacks.CallbackList)
