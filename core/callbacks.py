@@ -10,9 +10,9 @@
     lm_ptb.main(["--config", "config_small"], callbacks=[PrintLoss()])
 
 The main(argv, callbacks) of lm_ptb.py and of lm_ptb_distributed.py hands
-them to runtime.trainer.train_and_evaluate, which calls them in the order
-given. Override the methods you need; the others do nothing. Epochs and steps
-are 0-based, as in a checkpoint's position.
+them to the training loop, which calls them in the order given. Override the
+methods you need; the others do nothing. Epochs and steps are 0-based, as in
+a checkpoint's position.
 
 An exception raised in a callback ends the run as an error in training does
 (under a launcher, that rank fails and the job ends). To stop as a SIGTERM
@@ -42,7 +42,7 @@ class StepCallback:
         its cross entropy summed over the num_steps time steps and averaged over
         the rows of the global batch: exp(loss / num_steps) is its perplexity."""
 
-    # --- phase events: what the fault layer (faults/layer.py) follows -------
+    # --- phase events: where the rank is, for code that watches the job ------
 
     def before_step_collectives(self, epoch, step):
         """Every callback's before_step has run: the step's collectives come next.
@@ -66,9 +66,14 @@ class StepCallback:
         return False
 
     def after_snapshot(self, position):
-        """`position` (runtime.checkpointing.Position) is the loop's snapshot: at the
-        steps some callback asked for, at every --checkpoint_every step, and at
-        the end of each epoch after its checkpoint."""
+        """`position` is the loop's snapshot of where training is, what a checkpoint
+        records besides the weights: `epoch` and `step` (the end of an epoch is
+        step 0 of the next), the global LSTM `state`, the epoch's summed loss
+        `costs` and training seconds `elapsed` so far, the finished epochs'
+        `metrics` and the `best_valid` perplexity. The loop never changes it
+        afterwards, so a callback may keep it as it is. Taken at the steps some
+        callback asked for, at every --checkpoint_every step, and at the end of
+        each epoch after its checkpoint."""
 
 
 class CallbackList:
