@@ -45,11 +45,10 @@ import threading
 import time
 
 from core.hosts import local_addresses, machine_identity
+from faults import HANG_EXIT
 from faults.procs import ancestors, named, process_name, start_time
 from faults.sentinel import CLEAN
 
-HANG_EXIT = 3
-DEFAULT_TIMEOUT_S = 120.0
 TRACING_FACTOR = 4
 # Seconds a stuck Open MPI daemon gets to end the job by itself.
 DAEMON_GRACE_S = 5.0

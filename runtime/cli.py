@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from faults.watchdog import DEFAULT_TIMEOUT_S, HANG_EXIT
+from faults import DEFAULT_TIMEOUT_S, HANG_EXIT
 from runtime import logs
 from core.errors import ERROR_EXIT
 from runtime.options import RunOptions

@@ -1,6 +1,6 @@
 """Where things live: the loop knows nothing of the fault layer, the layers import only
 downwards (core, then the data and the fault layer, then runtime), and --help loads
-no TensorFlow."""
+no TensorFlow, nor the watchdog."""
 import subprocess
 
 import pytest
@@ -39,3 +39,4 @@ def test_help_answers_before_tensorflow_loads(script):
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "runtime.cli" in imported
     assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "horovod", "requests", "pooch")}
+    assert "faults.watchdog" not in imported and "faults" in imported  # only the package's constants
