@@ -14,51 +14,7 @@ from runtime.checkpointing import newest_whole
 
 pytestmark = pytest.mark.timeout(300)
 
-SAVE_LOOP = """
-import os, signal, sys
-import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint_management, functional_saver
-from tensorflow.python.lib.io import file_io
-from runtime import config as config_lib
-from runtime.checkpointing import Position, TrainCheckpoint
-from runtime.context import LocalContext
-from texar_lite import optimization
-from texar_lite.model import LanguageModel
-
-config_path, out, first, point, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-number = first
-
-
-def killing(module, name, at=lambda *args: True):
-    original = getattr(module, name)
-
-    def wrapped(*args, **kwargs):
-        if number == kill_at and at(*args):
-            print("fault point:", point, "of checkpoint", number, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(*args, **kwargs)
-    setattr(module, name, wrapped)
-
-
-if point == "merge":  # the data written under <prefix>_temp/, not yet moved into place
-    killing(functional_saver.gen_io_ops, "merge_v2_checkpoints")
-elif point == "index":  # the data in place, the index file still naming the previous checkpoint
-    killing(checkpoint_management, "update_checkpoint_state_internal")
-elif point == "index_rename":  # the new index written under a temporary name, not yet renamed over the old
-    killing(file_io, "rename", at=lambda old, new, *rest: os.path.basename(new) == "checkpoint")
-
-config = config_lib.load_config(config_path, ["cell.kwargs.num_units=512", "emb.dim=512"])
-model = LanguageModel(config, 252, seed=1)
-optimizer = optimization.get_optimizer(config["opt"])
-optimizer.build(model.trainable_variables)
-checkpoint = TrainCheckpoint(model, optimizer, out, LocalContext(), config, keep=2)
-optimizer.iterations.assign(first)
-for step in range(1, 10):
-    optimizer.iterations.assign_add(1)
-    number = int(optimizer.iterations.numpy())  # the checkpoint's number
-    checkpoint.save(Position(config["batch_size"], step=step, costs=float(step)))
-    print("saved", number, flush=True)
-"""
+SAVE_LOOP = os.path.join(ROOT, "tests", "helpers", "save_loop.py")
 POINTS = ("merge", "index", "index_rename")
 
 
@@ -69,7 +25,7 @@ def test_a_kill_at_each_point_of_a_save_leaves_the_previous_checkpoint_loadable(
     out = tmp_path / "out"
     for attempt, point in enumerate(POINTS):
         first = attempt * 100000
-        proc = subprocess.run([PYTHON, "-c", SAVE_LOOP, TINY_CONFIG, str(out), str(first), point, str(first + 3)],
+        proc = subprocess.run([PYTHON, SAVE_LOOP, TINY_CONFIG, str(out), str(first), point, str(first + 3)],
                               cwd=ROOT, env=dict(os.environ, **RUN_ENV, PYTHONPATH=ROOT), capture_output=True,
                               text=True, timeout=120)
         assert proc.stdout.splitlines() == [f"saved {first + 1}", f"saved {first + 2}",
