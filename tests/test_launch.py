@@ -8,22 +8,8 @@ import time
 from harness import cluster
 from harness.launch import Launch, tagged_pids
 
-# A launcher that hangs, with a child in a process group of its own (as Open
-# MPI gives each rank) and one in a new session (as horovodrun gives its
-# workers): both outlive it when only its group is killed.
-HANGING = """
-import os, subprocess, sys, time
-subprocess.Popen(["sleep", "1000"], start_new_session=True)
-subprocess.Popen([sys.executable, "-c", "import os, time; os.setpgid(0, 0); time.sleep(1000)"])
-print("started", flush=True)
-time.sleep(1000)
-"""
-
-# A launcher that returns at once and leaves an orphan behind.
-LEAVING = """
-import subprocess
-subprocess.Popen(["sleep", "1000"], start_new_session=True)
-"""
+# Launchers that hang with children in other groups and sessions, or leave an orphan behind.
+LAUNCHERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "launchers.py")
 
 
 def wait_for(predicate, seconds=10):
@@ -34,7 +20,7 @@ def wait_for(predicate, seconds=10):
 
 
 def test_a_hanging_launch_ends_at_its_bound_and_leaves_no_process():
-    launch = Launch([sys.executable, "-c", HANGING])
+    launch = Launch([sys.executable, LAUNCHERS, "hanging"])
     try:
         assert wait_for(lambda: len(tagged_pids(launch.tag)) == 3)  # the launcher and its two children
     finally:
@@ -49,7 +35,7 @@ def test_a_hanging_launch_ends_at_its_bound_and_leaves_no_process():
 
 
 def test_a_process_that_outlives_its_launcher_is_reported_and_killed():
-    launch = Launch([sys.executable, "-c", LEAVING])
+    launch = Launch([sys.executable, LAUNCHERS, "leaving"])
     outcome = launch.finish(30, linger_s=1)
     assert not outcome.timed_out and outcome.returncode == 0
     assert len(outcome.left_behind) == 1 and outcome.left_behind[0].endswith("sleep 1000")
@@ -57,7 +43,7 @@ def test_a_process_that_outlives_its_launcher_is_reported_and_killed():
 
 
 def test_a_work_directory_given_by_the_caller_keeps_the_output(tmp_path):
-    launch = Launch([sys.executable, "-c", "print('kept')"], workdir=str(tmp_path / "run"))
+    launch = Launch(["echo", "kept"], workdir=str(tmp_path / "run"))
     outcome = launch.finish(30, linger_s=0)
     assert outcome.returncode == 0 and outcome.stdout == "kept\n"
     assert (tmp_path / "run" / "stdout").read_text() == "kept\n"
