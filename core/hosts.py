@@ -5,6 +5,8 @@ with one --hostname share theirs) and may resolve nowhere, or to 127.0.1.1."""
 import os
 import socket
 
+LOOPBACK = "127.0.0.1"
+
 
 def local_addresses():
     """This host's IPv4 addresses other than loopback."""
@@ -27,3 +29,13 @@ def machine_identity():
         return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
     except OSError:  # no /proc: only loopback-free addresses are trusted
         return None
+
+
+def addresses_to_reach(machine, addresses):
+    """Where a peer that listens on every interface and gave its machine_identity()
+    and local_addresses() is reached from here: over loopback alone when it shares
+    this network stack (its addresses may be none but loopback's), at each of its
+    addresses otherwise (loopback there is this machine's own)."""
+    if machine is not None and machine == machine_identity():
+        return [LOOPBACK]
+    return list(addresses)

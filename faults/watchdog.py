@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from core.hosts import local_addresses, machine_identity
+from core.hosts import LOOPBACK, addresses_to_reach, local_addresses, machine_identity
 from faults import HANG_EXIT
 from faults.procs import ancestors, named, process_name, start_time
 from faults.sentinel import CLEAN
@@ -169,8 +169,7 @@ class Watchdog:
             for card in cards:
                 if card["rank"] == self.rank:
                     continue
-                same_machine = self.machine is not None and card["machine"] == self.machine
-                addresses = ["127.0.0.1"] if same_machine else card["addresses"]
+                addresses = addresses_to_reach(card["machine"], card["addresses"])
                 self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
                 self.heard[card["rank"]] = self.moved[card["rank"]] = now
             self.exchanged = True
@@ -429,7 +428,7 @@ class Watchdog:
         never closes its session, and horovodrun's driver re-forms the world only
         once the worker's process there has ended, which its ssh stands for."""
         far = {r for r in ranks if r not in self.cut_loose
-               and self.peers[r][1] and self.peers[r][1][0][0] != "127.0.0.1"}
+               and self.peers[r][1] and self.peers[r][1][0][0] != LOOPBACK}
         launcher = _horovodrun() if far else None
         if launcher is None:
             return

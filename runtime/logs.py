@@ -19,7 +19,7 @@ import threading
 
 import tqdm
 
-from core.hosts import local_addresses, machine_identity
+from core.hosts import addresses_to_reach, local_addresses, machine_identity
 
 log = logging.getLogger("lm_ptb")
 MODES = ("master", "workers", "collect")
@@ -117,9 +117,7 @@ HANDSHAKE_S = 5.0
 
 def _connect(where):
     """A socket connected to rank 0's collector as `where` describes it, or None."""
-    # Loopback reaches rank 0 only from its own network stack, where it comes first.
-    same_stack = where["machine"] is not None and where["machine"] == machine_identity()
-    for address in ["127.0.0.1"] * same_stack + where["addresses"]:
+    for address in addresses_to_reach(where["machine"], where["addresses"]):
         try:
             sock = socket.create_connection((address, where["port"]), timeout=HANDSHAKE_S)
         except OSError:
