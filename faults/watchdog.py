@@ -260,11 +260,16 @@ class Watchdog:
                 continue
             now = time.monotonic()
             with self.lock:
-                previous = self.state.get(rank)
                 self.heard[rank] = now
-                if previous is None or previous["progress"] != message["progress"]:
-                    self.moved[rank] = now
-                self.state[rank] = message
+                self._record(rank, message, now)
+
+    def _record(self, rank, state, now):
+        """Takes `state` as `rank`'s at `now` (the lock held): its progress moved
+        when its count changed."""
+        previous = self.state.get(rank)
+        if previous is None or previous["progress"] != state["progress"]:
+            self.moved[rank] = now
+        self.state[rank] = state
 
     def _send(self, state):
         payload = json.dumps(state).encode()
@@ -298,12 +303,8 @@ class Watchdog:
             last = now
             mine = self._own_state()
             self._send(mine)
-            now = time.monotonic()
             with self.lock:
-                previous = self.state.get(self.rank)
-                if previous is None or previous["progress"] != mine["progress"]:
-                    self.moved[self.rank] = now
-                self.state[self.rank] = mine
+                self._record(self.rank, mine, time.monotonic())
             verdict = self.verdict(now)
             if verdict:
                 self._end(*verdict)
