@@ -24,7 +24,8 @@ from harness.cluster import Cluster
 
 CONTROLLER = "slurmctl"
 CONTROLLER_ADDRESS = "254"  # on the cluster's subnet
-PACKAGES = "slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins"
+PACKAGE_LIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                            "slurm_packages.txt")
 SLURMD_TIMEOUT_S = 10
 
 SLURM_CONF = """ClusterName=lmptb
@@ -71,6 +72,12 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 NODE = "NodeName={name} NodeAddr={address} CPUs=2 State=UNKNOWN\n"
+
+
+def packages():
+    """The Debian packages of this cluster, as scripts/setup.sh installs them: PACKAGE_LIST's words."""
+    with open(PACKAGE_LIST) as f:
+        return " ".join(f.read().split())
 
 
 def installed():

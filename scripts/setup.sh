@@ -32,11 +32,14 @@ fi
 
 # 1. System packages. Horovod's MPI controller needs the Open MPI headers and
 #    mpirun; its build needs cmake and a C++ compiler. The tests' namespace
-#    hosts (tests/cluster.py) need iproute2, util-linux's unshare and OpenSSH;
-#    their Slurm cluster (harness/slurm.py) needs Slurm, munge and the pmix plugin.
+#    hosts (harness/cluster.py) need iproute2, util-linux's unshare and OpenSSH;
+#    their Slurm cluster (harness/slurm.py) needs Slurm's daemons and client
+#    commands, munge and Slurm's plugins (munge authentication, cons_tres), the
+#    list in scripts/slurm_packages.txt that harness/slurm.py names too.
+read -r -a slurm_packages <scripts/slurm_packages.txt
 missing=()
 for pkg in openmpi-bin libopenmpi-dev cmake g++ make patch iproute2 util-linux openssh-server openssh-client \
-           slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins; do
+           "${slurm_packages[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
