@@ -18,23 +18,14 @@ import re
 import numpy as np
 import pytest
 
-from conftest import MPIRUN, PYTHON, TINY_CONFIG, run_command
+from conftest import MPIRUN, PYTHON, ROOT, TINY_CONFIG, run_command
 from runtime import context
 
 pytestmark = pytest.mark.timeout(200)
 
 STEPS = 4
-# Runs an entry script's main() in this process, then prints the thread counts
-# TensorFlow's context was set up with (it refuses changes once it has started).
-DRIVER = """
-import importlib, os, sys
-import tensorflow as tf
-code = importlib.import_module(sys.argv[1]).main(sys.argv[2:])
-print("rank %s: TensorFlow threads %d/%d" % (os.environ.get("OMPI_COMM_WORLD_RANK", "-"),
-      tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads()),
-      flush=True)
-sys.exit(code)
-"""
+# Runs an entry script's main() in its process, then prints TensorFlow's thread counts.
+DRIVER = os.path.join(ROOT, "tests", "helpers", "thread_settings_driver.py")
 OVERRIDES = {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024), "HOROVOD_CYCLE_TIME": "20",
              "TF_INTRA_OP_PARALLELISM_THREADS": "3", "TF_INTER_OP_PARALLELISM_THREADS": "5"}
 
@@ -49,7 +40,7 @@ def two_ranks(tmp_path, data, env):
     timeline = tmp_path / "timeline.json"
     env = {**env, "HOROVOD_TIMELINE": str(timeline), "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
     exported = [flag for name in env for flag in ("-x", name)]
-    cmd = [*MPIRUN, *exported, "-np", "2", PYTHON, "-c", DRIVER, "lm_ptb_distributed",
+    cmd = [*MPIRUN, *exported, "-np", "2", PYTHON, DRIVER, "lm_ptb_distributed",
            *train_args(data, tmp_path / "out"), "--mpi-log", "workers"]
     with pytest.MonkeyPatch.context() as patch:
         for name in OVERRIDES:  # unset unless this run sets it
@@ -139,7 +130,7 @@ def test_thread_variables_override_the_split_on_every_rank(env_run):
 def test_thread_variables_override_one_process(tmp_path, synthetic_corpus):
     threads_env = {name: OVERRIDES[name] for name in ("TF_INTRA_OP_PARALLELISM_THREADS",
                                                       "TF_INTER_OP_PARALLELISM_THREADS")}
-    result = run_command([PYTHON, "-c", DRIVER, "lm_ptb", *train_args(synthetic_corpus[0], tmp_path)],
+    result = run_command([PYTHON, DRIVER, "lm_ptb", *train_args(synthetic_corpus[0], tmp_path)],
                          timeout=120, env=threads_env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^\S+ intra/inter threads\s+3/5$", result.stdout, re.M), result.stdout[-3000:]
@@ -150,7 +141,7 @@ def test_thread_variables_override_one_process(tmp_path, synthetic_corpus):
 def test_row_groups_take_the_cores_as_inter_op_threads(tmp_path, synthetic_corpus):
     # Each group's ops get the group's share of the cores; the groups run side by side.
     cores = len(os.sched_getaffinity(0))
-    result = run_command([PYTHON, "-c", DRIVER, "lm_ptb", *train_args(synthetic_corpus[0], tmp_path),
+    result = run_command([PYTHON, DRIVER, "lm_ptb", *train_args(synthetic_corpus[0], tmp_path),
                           "--row_groups", "2"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^\S+ row groups\s+2$", result.stdout, re.M), result.stdout[-3000:]
