@@ -1,33 +1,37 @@
 """Where things live: the loop knows nothing of the fault layer, the layers import only
 downwards (core, then the data and the fault layer, then runtime), and --help loads
 no TensorFlow, nor the watchdog."""
+import os
 import subprocess
 
 import pytest
 
 from conftest import PYTHON, ROOT
 
+LOADED_MODULES = os.path.join(ROOT, "tests", "helpers", "loaded_modules.py")
 
-def loaded_modules(code):
-    out = subprocess.run([PYTHON, "-c", f"{code}\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout
+
+def loaded_modules(*names):
+    """Every module loaded in a fresh process by importing `names`."""
+    out = subprocess.run([PYTHON, LOADED_MODULES, *names], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         check=True).stdout
     return set(out.split())
 
 
 def test_the_training_loop_imports_nothing_of_the_fault_layer():
-    modules = loaded_modules("import runtime.trainer")
+    modules = loaded_modules("runtime.trainer")
     assert "runtime.trainer" in modules
     assert sorted(m for m in modules if m == "faults" or m.startswith("faults.")) == []
 
 
-@pytest.mark.parametrize("code, above", [
-    ("import core.errors, core.callbacks, core.atomic_files, core.hosts",
+@pytest.mark.parametrize("layer, above", [
+    (("core.errors", "core.callbacks", "core.atomic_files", "core.hosts"),
      ("runtime", "faults", "ptb_reader", "ptb_download", "texar_lite", "tensorflow", "horovod")),
-    ("import ptb_reader, ptb_download", ("runtime", "faults", "tensorflow", "horovod")),
-    ("import faults.layer, faults.watchdog", ("runtime",)),
+    (("ptb_reader", "ptb_download"), ("runtime", "faults", "tensorflow", "horovod")),
+    (("faults.layer", "faults.watchdog"), ("runtime",)),
 ], ids=["core", "data", "faults"])
-def test_each_layer_imports_nothing_above_it(code, above):
-    modules = loaded_modules(code)
+def test_each_layer_imports_nothing_above_it(layer, above):
+    modules = loaded_modules(*layer)
     assert sorted(m for m in modules if m.split(".")[0] in above) == []
 
 
