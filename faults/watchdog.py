@@ -9,7 +9,10 @@ a transfer that is stuck, and TCP notices nothing for many minutes.
 So every rank runs a thread of its own, outside MPI and Gloo:
 - it sends a small UDP heartbeat to every other rank each `interval` seconds,
   carrying its phase (start-up, training step, evaluation, checkpoint), its
-  position, and a progress count that the training loop raises;
+  position, and a progress count that the training loop raises. Each is
+  numbered and signed (HMAC-SHA-256) with the sender's own key, which its
+  card gives to the job's ranks alone, over the job's own collective: a
+  datagram from anyone else, altered, or sent again (a replay), is dropped;
 - a rank it has not heard from for `timeout` seconds has gone silent: the link
   is cut, or the rank is stopped or dead;
 - when no rank's progress count has moved for `timeout` seconds, some rank is
@@ -35,8 +38,11 @@ sentinel) that SIGKILLs the daemon if it has not ended a few seconds later,
 since a daemon that cannot reach its peers never returns.
 """
 import atexit
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -52,6 +58,8 @@ from faults.sentinel import CLEAN
 TRACING_FACTOR = 4
 # Seconds a stuck Open MPI daemon gets to end the job by itself.
 DAEMON_GRACE_S = 5.0
+# The length of a heartbeat's signature, which comes first in its datagram.
+SIGNATURE_BYTES = hashlib.sha256().digest_size
 # The phase of the last heartbeat of the rank that reported the job's end.
 ENDED = "ended"
 OPEN_MPI_DAEMONS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted")
@@ -143,6 +151,13 @@ class Watchdog:
         # ranks them: the one with the fewest is behind the others.
         self.entered = self.progress = 0
         self.peers = {}      # rank -> (host, [addresses])
+        self.keys = {}       # rank -> the key its heartbeats are signed with, from its card
+        # key -> the number of the last heartbeat taken under it. By key, not by rank:
+        # an elastic reset renumbers the ranks, and a process keeps its key and its count.
+        self.accepted = {}
+        self.key = secrets.token_bytes(32)  # this rank's, given only in its card
+        self.sent = 0                       # the number of this rank's last heartbeat
+        self.send_lock = threading.Lock()   # numbers go out in the order they are given
         self.heard = {}      # rank -> monotonic time of the last heartbeat
         self.state = {}      # rank -> {"phase", "where", "progress"} as last heard
         self.moved = {}      # rank -> monotonic time its progress last moved
@@ -156,13 +171,14 @@ class Watchdog:
     def card(self):
         """What the other ranks need to reach this one."""
         return {"rank": self.rank, "host": self.host, "machine": self.machine, "port": self.sock.getsockname()[1],
-                "addresses": local_addresses()}
+                "addresses": local_addresses(), "key": self.key.hex()}
 
     def exchange(self, cards):
         """Takes every rank's card (an allgather of `card()`)."""
         now = time.monotonic()
         with self.lock:
             self.peers.clear()
+            self.keys.clear()
             self.state.clear()
             self.heard.clear()
             self.moved = {self.rank: now}
@@ -171,6 +187,7 @@ class Watchdog:
                     continue
                 addresses = addresses_to_reach(card["machine"], card["addresses"])
                 self.peers[card["rank"]] = (card["host"], [(a, card["port"]) for a in addresses])
+                self.keys[card["rank"]] = bytes.fromhex(card["key"])
                 self.heard[card["rank"]] = self.moved[card["rank"]] = now
             self.exchanged = True
             self.reported.clear()
@@ -235,7 +252,7 @@ class Watchdog:
         if changed:
             # Sent from the caller's thread: once enter() returns, the peers
             # can name this phase, whatever happens to this rank next.
-            self._send(self._own_state())
+            self._send()
 
     def beat(self):
         with self.lock:
@@ -247,15 +264,15 @@ class Watchdog:
         while not self.stopped.is_set():
             try:
                 data, _ = self.sock.recvfrom(4096)
-                message = json.loads(data)
-                rank = int(message["rank"])
-            except (socket.timeout, ValueError, KeyError, TypeError):
+            except socket.timeout:
                 continue
             except OSError:
                 return
-            if rank not in self.peers:
+            message = self._open(data)
+            if message is None:
                 continue
-            if message.get("phase") == ENDED:
+            rank = message["rank"]
+            if message["phase"] == ENDED:
                 self.reported.set()
                 continue
             now = time.monotonic()
@@ -271,15 +288,46 @@ class Watchdog:
             self.moved[rank] = now
         self.state[rank] = state
 
-    def _send(self, state):
-        payload = json.dumps(state).encode()
+    def _send(self, **changes):
+        """Sends this rank's state, with `changes`, to every peer; returns that state."""
+        with self.send_lock:
+            state = dict(self._own_state(), **changes)
+            datagram = self._seal(state)
+            with self.lock:
+                targets = [address for _, addresses in self.peers.values() for address in addresses]
+            for address in targets:
+                try:
+                    self.sock.sendto(datagram, address)
+                except OSError:  # unreachable for now; silence is judged by the receiver
+                    pass
+        return state
+
+    def _seal(self, state):
+        """`state` as a heartbeat: numbered, then signed with this rank's key (send_lock held)."""
+        self.sent += 1
+        body = json.dumps(dict(state, seq=self.sent)).encode()
+        return hmac.digest(self.key, body, "sha256") + body
+
+    def _open(self, datagram):
+        """The state in a peer's heartbeat, or None for anything else: a datagram not
+        signed with the key of the peer it names, or not newer than the last one taken
+        under that key (a replay)."""
+        signature, body = datagram[:SIGNATURE_BYTES], datagram[SIGNATURE_BYTES:]
+        try:
+            message = json.loads(body)
+            rank, number = message["rank"], message.pop("seq")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if type(rank) is not int or type(number) is not int:
+            return None
         with self.lock:
-            targets = [address for _, addresses in self.peers.values() for address in addresses]
-        for address in targets:
-            try:
-                self.sock.sendto(payload, address)
-            except OSError:  # unreachable for now; silence is judged by the receiver
-                pass
+            key = self.keys.get(rank)
+            if key is None or not hmac.compare_digest(signature, hmac.digest(key, body, "sha256")):
+                return None
+            if number <= self.accepted.get(key, 0):
+                return None
+            self.accepted[key] = number
+        return message
 
     def _own_state(self):
         with self.lock:
@@ -301,8 +349,7 @@ class Watchdog:
                     for rank in self.heard:
                         self.heard[rank] = self.moved[rank] = now
             last = now
-            mine = self._own_state()
-            self._send(mine)
+            mine = self._send()
             with self.lock:
                 self._record(self.rank, mine, time.monotonic())
             verdict = self.verdict(now)
@@ -402,7 +449,7 @@ class Watchdog:
                 # Nothing reads it any more (a cut link ended the rank's ssh session),
                 # and the rank must end all the same.
                 pass
-            self._send(dict(self._own_state(), phase=ENDED))
+            self._send(phase=ENDED)
         else:
             # The reporter comes to the same verdict within a heartbeat or so: its line
             # goes first, since this rank's exit may end the job before it (under

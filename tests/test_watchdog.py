@@ -2,9 +2,12 @@
 heartbeats over real UDP, and the --hang_timeout flag. The faults themselves,
 on namespace hosts, are in test_network_faults.py."""
 import io
+import json
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +22,7 @@ from faults.procs import alive, process_name, start_time, stat
 from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog
 
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
-       "addresses": ["10.0.0.2", "10.0.1.2"]}
+       "addresses": ["10.0.0.2", "10.0.1.2"], "key": "0f" * 32}
 
 
 def two_rank_view(rank=0, timeout=20.0):
@@ -142,6 +145,88 @@ def test_heartbeats_carry_phase_and_progress_over_udp():
         for dog in dogs:
             dog.stop()
 
+
+
+def exchanged_pair(timeout=10, **kwargs):
+    """Two ranks' watchdogs that have taken each other's cards, not started."""
+    dogs = [Watchdog(rank, timeout, **kwargs) for rank in (0, 1)]
+    cards = [dog.card() for dog in dogs]
+    for dog in dogs:
+        dog.exchange(cards)
+    return dogs
+
+
+def test_a_heartbeat_is_taken_once_and_only_from_the_peer_it_names_signed_with_its_key():
+    receiver, sender = exchanged_pair()
+    state = sender._own_state()
+    first, second = sender._seal(state), sender._seal(dict(state, progress=5))
+    assert receiver._open(second) == dict(state, progress=5)
+    assert receiver._open(second) is None  # the same again
+    assert receiver._open(first) is None   # older than one taken
+    signature, body = second[:watchdog.SIGNATURE_BYTES], second[watchdog.SIGNATURE_BYTES:]
+    altered = body.replace(b'"progress": 5', b'"progress": 6').replace(b'"seq": 2', b'"seq": 3')
+    assert altered.count(b"6") == body.count(b"6") + 1 and altered.count(b"3") == body.count(b"3") + 1
+    forged = [body,                                   # unsigned, as heartbeats were before
+              bytes(watchdog.SIGNATURE_BYTES) + body,  # signed by no one
+              signature + altered,
+              Watchdog(1, 10)._seal(state),           # rank 1's name, another process's key
+              b"", b"\xff" * 40, signature + b"[1]", signature + b'{"rank": [1], "seq": 9}',
+              sender._seal(dict(state, rank=0))]      # a rank the receiver does not take from
+    assert [receiver._open(datagram) for datagram in forged] == [None] * len(forged)
+    assert receiver._open(sender._seal(dict(state, progress=6)))["progress"] == 6
+
+
+def test_a_heartbeat_taken_before_the_world_re_formed_is_not_taken_again():
+    """An elastic run exchanges the cards again in every attempt; a process keeps its key."""
+    receiver, sender = exchanged_pair()
+    old = sender._seal(sender._own_state())
+    assert receiver._open(old) is not None
+    receiver.exchange([receiver.card(), sender.card()])
+    assert receiver._open(old) is None
+    assert receiver._open(sender._seal(sender._own_state())) is not None
+
+
+@pytest.mark.timeout(60)
+def test_forged_and_replayed_heartbeats_do_not_keep_a_silent_rank_alive(monkeypatch):
+    """While rank 1 is silent, a process on the same machine (tests/forger.py) sends rank 0
+    heartbeats in rank 1's name with a rising progress count: unsigned, wrongly signed,
+    overheard ones altered, and overheard ones as they were. Rank 0 still ends the job
+    within the timeout, and names rank 1."""
+    timeout = 5
+    dogs = exchanged_pair(timeout)
+    dogs[0].out = io.StringIO()
+    ended = threading.Event()
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: (ended.set(), exits.append(code)))
+    exits = []
+    forger = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forger.py"), str(dogs[0].card()["port"]),
+                               "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        tap = int(forger.stdout.readline().split()[1])
+        dogs[1].peers[0][1].append(("127.0.0.1", tap))  # the forger overhears rank 1's heartbeats
+        for dog in dogs:
+            threading.Thread(target=dog._listen, daemon=True).start()
+            threading.Thread(target=dog._watch, daemon=True).start()
+        dogs[1].enter("training step", "epoch 1, step 1")
+        deadline = time.monotonic() + 20
+        while dogs[0].accepted.get(dogs[1].key, 0) < 5:  # 5 heartbeats taken, and overheard
+            assert time.monotonic() < deadline
+            dogs[1].beat()
+            time.sleep(0.2)
+        dogs[1].stop()  # rank 1 is silent from here on
+        assert ended.wait(timeout + 10), dogs[0].state.get(1)
+    finally:
+        forger.stdin.close()
+        sent = json.loads(forger.stdout.readline())
+        forger.wait(10)
+        for dog in dogs:
+            dog.stop()
+    host = re.escape(dogs[0].host)
+    assert exits == [3] and re.fullmatch(
+        rf"error \(rank 0 on {host}\): rank 1 on {host} went silent, last heard in training step "
+        rf"\(epoch 1, step 1\): no heartbeat for [56] s \(a cut link, or a stopped or dead process\)\. "
+        r"The job ends \(--hang_timeout 5\); resume with --resume\n", dogs[0].out.getvalue()), dogs[0].out.getvalue()
+    # It forged all along, with what it overheard too.
+    assert sent["overheard"] >= 5 and min(sent[kind] for kind in ("plain", "signed", "altered", "replayed")) >= 20, sent
 
 
 @pytest.mark.parametrize("reporter_speaks", [True, False])
