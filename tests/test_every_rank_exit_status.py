@@ -1,19 +1,18 @@
 """Under mpirun every rank leaves with the same, documented exit status, and the job prints one error line.
 
-mpirun shows only one status for the job, so each rank here runs under a shell
-that writes the rank's own status to STATUS_DIR/<rank> (RELIABILITY.md: "under
-mpirun -np 2 every rank exits with the same status"; exit statuses: 1 data,
-checkpoint, disk or training errors, 2 usage and config errors, 128 + signal
-after a clean stop).
+mpirun shows only one status for the job, so each rank here runs under
+tests/helpers/record_status.py, which writes the rank's own status to
+STATUS_DIR/<rank> (RELIABILITY.md: "under mpirun -np 2 every rank exits with
+the same status"; exit statuses: 1 data, checkpoint, disk or training errors,
+2 usage and config errors, 128 + signal after a clean stop).
 """
 import os
 import re
-import shlex
 import signal
 
 import pytest
 
-from conftest import (HOOKED_ENTRY, MPIRUN, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
+from conftest import (HOOKED_ENTRY, MPIRUN, PYTHON, ROOT, TINY_CONFIG, checkpoint_position, entry, error_lines,
                       keep_going_flags, latest_checkpoint, run_command, run_with_actions)
 from harness.launch import tagged_pids
 from hooks import all_paused, pause_hooks
@@ -22,22 +21,20 @@ from test_disk_full import tmpfs  # noqa: F401 (a fixture)
 pytestmark = pytest.mark.timeout(200)
 
 SCRIPT = os.path.join(ROOT, "lm_ptb_distributed.py")
+RECORD_STATUS = os.path.join(ROOT, "tests", "helpers", "record_status.py")
 
 
 def ranks_recording_their_status(status_dir, args, hooks=()):
-    """mpirun -np 2, each rank a shell that runs lm_ptb_distributed.py (with `hooks`, through
-    tests/hooked_entry.py) and writes its exit status.
+    """mpirun -np 2, each rank tests/helpers/record_status.py running lm_ptb_distributed.py (with
+    `hooks`, through tests/hooked_entry.py) and writing its exit status.
 
     mpirun does not abort the job when the first rank fails: each rank must
     reach its own status, and write it, without being killed. (mpirun then
     exits 0; test_bad_input.py checks its status in the default mode.)
     """
     os.makedirs(status_dir, exist_ok=True)
-    command = " ".join(shlex.quote(word) for word in entry("lm_ptb_distributed.py", hooks))
-    shell = (f'{command} "$@"; status=$?; '
-             f'echo $status > {shlex.quote(str(status_dir))}/$OMPI_COMM_WORLD_RANK; exit $status')
-    return [*MPIRUN, *keep_going_flags(), "-np", "2", "sh", "-c", shell, "rank",
-            *map(str, args)]
+    return [*MPIRUN, *keep_going_flags(), "-np", "2", PYTHON, RECORD_STATUS, str(status_dir),
+            *entry("lm_ptb_distributed.py", hooks), *map(str, args)]
 
 
 def statuses(status_dir):
