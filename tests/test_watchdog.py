@@ -21,6 +21,7 @@ from faults import watchdog
 from faults.procs import alive, process_name, start_time, stat
 from faults.watchdog import DAEMON_GRACE_S, TRACING_FACTOR, Watchdog
 
+HELPERS = os.path.join(ROOT, "tests", "helpers")
 FAR = {"rank": 1, "host": "host2", "machine": "another boot/another netns", "port": 9,
        "addresses": ["10.0.0.2", "10.0.1.2"], "key": "0f" * 32}
 
@@ -188,18 +189,18 @@ def test_a_heartbeat_taken_before_the_world_re_formed_is_not_taken_again():
 
 @pytest.mark.timeout(60)
 def test_forged_and_replayed_heartbeats_do_not_keep_a_silent_rank_alive(monkeypatch):
-    """While rank 1 is silent, a process on the same machine (tests/forger.py) sends rank 0
-    heartbeats in rank 1's name with a rising progress count: unsigned, wrongly signed,
-    overheard ones altered, and overheard ones as they were. Rank 0 still ends the job
-    within the timeout, and names rank 1."""
+    """While rank 1 is silent, a process on the same machine (tests/helpers/forger.py) sends
+    rank 0 heartbeats in rank 1's name with a rising progress count: unsigned, wrongly
+    signed, overheard ones altered, and overheard ones as they were. Rank 0 still ends
+    the job within the timeout, and names rank 1."""
     timeout = 5
     dogs = exchanged_pair(timeout)
     dogs[0].out = io.StringIO()
     ended = threading.Event()
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: (ended.set(), exits.append(code)))
     exits = []
-    forger = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "forger.py"), str(dogs[0].card()["port"]),
-                               "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    forger = subprocess.Popen([sys.executable, os.path.join(HELPERS, "forger.py"), str(dogs[0].card()["port"]), "1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         tap = int(forger.stdout.readline().split()[1])
         dogs[1].peers[0][1].append(("127.0.0.1", tap))  # the forger overhears rank 1's heartbeats
@@ -297,7 +298,8 @@ def test_hang_timeout_defaults_to_120_s_and_0_turns_it_off():
 # --- the guard: a daemon left stuck by its rank ------------------------------
 
 # An Open MPI daemon that cannot reach its peers (its process name is the file's,
-# prted): it starts an ssh client and the rank (tests/watchdog_rank.py), and never returns.
+# prted): it starts an ssh client and the rank (tests/helpers/watchdog_rank.py), and
+# never returns.
 STUCK_DAEMON = """#!/bin/sh
 "$(dirname "$0")/ssh" 600 &
 "$RANK_PYTHON" "$RANK" "$LEAVE"
@@ -317,7 +319,7 @@ def start_stuck_daemon(tmp_path, leave):
     decoy.mkdir(parents=True)
     (decoy / "__init__.py").write_text("")
     (decoy / "sentinel.py").write_text('raise SystemExit("not this project\'s sentinel")\n')
-    env = dict(os.environ, RANK_PYTHON=sys.executable, RANK=os.path.join(ROOT, "tests", "watchdog_rank.py"),
+    env = dict(os.environ, RANK_PYTHON=sys.executable, RANK=os.path.join(HELPERS, "watchdog_rank.py"),
                LEAVE=leave)
     return Launch([str(daemon)], env=env, cwd=str(decoy.parent), workdir=str(tmp_path / "launch"))
 

@@ -1,7 +1,7 @@
 """A process on the ranks' machine that tries to keep a silent rank alive in the
-eyes of another rank's watchdog, for test_watchdog.py.
+eyes of another rank's watchdog (tests/test_watchdog.py).
 
-    python tests/forger.py TARGET_PORT RANK
+    python tests/helpers/forger.py TARGET_PORT RANK
 
 It listens on a UDP port of its own (the tap: a test has the rank send its
 heartbeats there too, as someone who overhears them would) and prints

@@ -1,7 +1,7 @@
-"""A rank for the sentinel's tests: it starts its watchdog, whose sentinel then
-watches it, prints its pid, and leaves as LEAVE says.
+"""A rank for the sentinel's tests (tests/test_watchdog.py): it starts its watchdog,
+whose sentinel then watches it, prints its pid, and leaves as LEAVE says.
 
-    python tests/watchdog_rank.py exit|kill|sys_exit|stop
+    python tests/helpers/watchdog_rank.py exit|kill|sys_exit|stop
 
 exit: os._exit(3), as the watchdog's own exit and an abort inside MPI leave;
 kill: SIGKILL to itself; sys_exit: Python's own exit, with status 3;
@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from faults.watchdog import Watchdog  # noqa: E402
