@@ -1,11 +1,11 @@
-"""precision=mixed_bfloat16: the summary says whether the CPU has native bf16, the cell runs as TF ops,
-and training stays close to float32."""
+"""precision=mixed_bfloat16: the summary says whether the CPU has native bf16, the LSTM runs as the fused
+cell with bf16 products where the CPU has them (else as TF ops), and training stays close to float32."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from runtime import summary
-from texar_lite import decoder
+from texar_lite import decoder, kernels
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.hparams import HParams
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, ops_for
@@ -27,17 +27,21 @@ def test_training_summary_says_where_bf16_is_native(tmp_path, flags, precision, 
     assert summary.native_bf16_flags(str(tmp_path / "missing")) == []
 
 
-def test_mixed_bfloat16_runs_the_tf_ops_cell():
-    # The fused op is float32 only; bf16 matmuls need the TF-ops cell.
+def test_mixed_bfloat16_runs_the_fused_cell_where_the_cpu_has_bf16_products(monkeypatch):
     hparams = HParams({"kwargs": {"num_units": 3}}, decoder.default_hparams())
-    ops = ops_for(precision="mixed_bfloat16")
-    dec = LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops)
-    assert (dec.cell, dec.matmul_dtype) == (decoder.TF_OPS_CELL, tf.bfloat16)
+    for products, cell in [("amx", decoder.FUSED_AMX_CELL), ("avx512_bf16", decoder.FUSED_CELL),
+                           (None, decoder.TF_OPS_CELL)]:
+        monkeypatch.setattr(kernels, "LSTM_BF16_PRODUCTS", products)
+        ops = ops_for(precision="mixed_bfloat16")
+        dec = LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops)
+        assert (dec.cell, dec.matmul_dtype, ops.bf16_products) == (cell, tf.bfloat16, products or "")
     assert LSTMDecoder(input_size=4, vocab_size=7, hparams=hparams, ops=ops_for()).cell is decoder.FUSED_CELL
-    assert summary._lstm_cell(ops) == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    assert summary._lstm_cell(ops) == ("TF ops (precision is mixed_bfloat16, and the fused kernel's bf16 products "
+                                       "need avx512_bf16, which this CPU lacks)")
     with pytest.raises(ValueError) as err:
         OpChoice("CPU", "mixed_bfloat16", FUSED, "by hand", TF_OPS, "by hand")
-    assert str(err.value) == "the fused LSTM op is float32 only; precision mixed_bfloat16 needs the TF-ops cell"
+    assert str(err.value) == ("the fused LSTM op runs precision mixed_bfloat16 only with its bf16 products; without "
+                              "bf16_products ('amx' or 'avx512_bf16') it needs the TF-ops cell")
 
 
 def test_mixed_bfloat16_trains_close_to_float32():
@@ -63,3 +67,17 @@ def test_mixed_bfloat16_trains_close_to_float32():
         cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
         difference = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         assert cosine > 0.99 and difference < 0.05, (var.name, cosine, difference)
+
+
+@pytest.mark.skipif(kernels.LSTM_BF16_PRODUCTS is None, reason="this CPU has no bf16 products")
+def test_the_fused_bf16_cell_trains_as_the_tf_ops_cell_in_bf16(monkeypatch):
+    # Both cells read the same bf16 kernel copy; the fused one keeps each product's float32 sum
+    # where TF's bf16 MatMul rounds it to bf16, so the two runs differ by bf16 rounding alone.
+    fused, fused_model = train_tiny("mixed_bfloat16")
+    monkeypatch.setattr(kernels, "LSTM_BF16_PRODUCTS", None)
+    tf_ops, tf_ops_model = train_tiny("mixed_bfloat16")
+    assert fused_model.ops.fused_cell and not tf_ops_model.ops.fused_cell
+    np.testing.assert_allclose(fused, tf_ops, rtol=1e-3)
+    for var, var_tf_ops in zip(fused_model.trainable_variables, tf_ops_model.trainable_variables):
+        got, want = var.numpy().ravel(), var_tf_ops.numpy().ravel()
+        assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want), var.name

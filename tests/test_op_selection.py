@@ -28,7 +28,8 @@ from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops
 CUSTOM_OPS = {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace"}
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
 NOT_BUILT = "the fused kernel is not built: run make setup"
-BF16_REASON = "the fused kernel is float32 only; precision is mixed_bfloat16"
+BF16_REASON = ("precision is mixed_bfloat16, and the fused kernel's bf16 products need avx512_bf16, which this CPU "
+               "lacks")
 ASKED = "asked for instead of the fused kernel"
 
 
@@ -50,12 +51,67 @@ def test_cpu_float32_with_the_kernels_built_gets_both_fused_kernels():
     assert choice.cell_line == "fused kernel (built, float32 on CPU)"
 
 
-def test_bf16_on_cpu_gets_the_tf_ops_cell_and_keeps_the_fused_loss():
+def test_bf16_on_a_cpu_without_bf16_products_gets_the_tf_ops_cell_and_keeps_the_fused_loss():
     # The logits stay float32 under mixed_bfloat16, so the loss kernel still applies.
     choice = choose_ops("CPU", "mixed_bfloat16")
     assert choice == OpChoice("CPU", "mixed_bfloat16", "TF ops", BF16_REASON,
                               "fused kernel", "built, float32 logits on CPU")
-    assert choice.cell_line == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    assert choice.cell_line == ("TF ops (precision is mixed_bfloat16, and the fused kernel's bf16 products need "
+                                "avx512_bf16, which this CPU lacks)")
+    # The precision's reason comes before the build's: building would not give this CPU the fused cell.
+    assert choose_ops("CPU", "mixed_bfloat16", NOT_BUILT).cell_reason == BF16_REASON
+
+
+@pytest.mark.parametrize("products, reason", [
+    ("amx", "built, bf16 products on AMX tiles"),
+    ("avx512_bf16", "built, bf16 products on avx512_bf16 (vdpbf16ps)"),
+])
+def test_bf16_on_a_cpu_with_bf16_products_gets_the_fused_cell(products, reason):
+    choice = choose_ops("CPU", "mixed_bfloat16", bf16_products=products)
+    assert choice == OpChoice("CPU", "mixed_bfloat16", "fused kernel", reason, "fused kernel",
+                              "built, float32 logits on CPU", products)
+    assert (choice.fused_cell, choice.bf16_products) == (True, products)
+    # float32 ignores them; the request, the device and the build still come first.
+    assert choose_ops("CPU", "float32", bf16_products=products) == choose_ops("CPU", "float32")
+    assert choose_ops("CPU", "mixed_bfloat16", tf_ops=("cell",), bf16_products=products).cell_reason == ASKED
+    assert choose_ops("GPU:0", "mixed_bfloat16", bf16_products=products).cell_reason == GPU_REASON
+    assert choose_ops("CPU", "mixed_bfloat16", NOT_BUILT, bf16_products=products) == OpChoice(
+        "CPU", "mixed_bfloat16", "TF ops", NOT_BUILT, "fused kernel", "built, float32 logits on CPU")
+
+
+@pytest.mark.parametrize("precision, cell, products, message", [
+    ("mixed_bfloat16", FUSED, "", "the fused LSTM op runs precision mixed_bfloat16 only with its bf16 products; "
+                                  "without bf16_products ('amx' or 'avx512_bf16') it needs the TF-ops cell"),
+    ("float32", FUSED, "amx", "bf16_products 'amx' is for the fused cell under mixed_bfloat16, not the fused kernel "
+                              "cell at precision float32"),
+    ("mixed_bfloat16", TF_OPS, "avx512_bf16", "bf16_products 'avx512_bf16' is for the fused cell under "
+                                              "mixed_bfloat16, not the TF ops cell at precision mixed_bfloat16"),
+    ("mixed_bfloat16", FUSED, "avx512", "bf16_products 'avx512': expected one of 'amx', 'avx512_bf16' or ''"),
+])
+def test_a_bf16_choice_made_by_hand_must_name_products_the_fused_cell_can_run(precision, cell, products, message):
+    with pytest.raises(ValueError) as err:
+        OpChoice("CPU", precision, cell, "by hand", TF_OPS, "by hand", products)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("flags, granted, products", [
+    ("fpu avx2 fma", True, None),
+    ("fpu avx512f avx512bw avx512vl amx_bf16 amx_tile", True, None),  # no avx512_bf16
+    ("fpu avx512f avx512bw avx512vl avx512_bf16", True, "avx512_bf16"),
+    ("fpu avx512f avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile", True, "amx"),
+    ("fpu avx512f avx512bw avx512vl avx512_bf16 amx_bf16 amx_tile", False, "avx512_bf16"),  # Linux refuses AMX
+    ("fpu avx512f avx512bw avx512vl avx512_bf16 amx_bf16", True, "avx512_bf16"),  # no amx_tile
+])
+def test_the_bf16_products_follow_the_cpu_flags_and_linux(tmp_path, flags, granted, products):
+    assert kernels.bf16_products(_cpuinfo(tmp_path, flags), amx_granted=lambda: granted) == products
+
+
+def test_this_machine_asks_linux_for_amx_only_where_the_cpu_has_it():
+    flags = set(kernels.cpu_flags())
+    has_amx = {"amx_bf16", "amx_tile", "avx512_bf16"} <= flags
+    assert kernels.LSTM_BF16_PRODUCTS == kernels.bf16_products()
+    # Where the CPU has AMX, Linux 5.16 and later grant it (the request may be repeated).
+    assert (kernels.LSTM_BF16_PRODUCTS == "amx") == (has_amx and kernels.request_amx())
 
 
 def test_cpu_without_the_kernels_built_gets_the_tf_ops_and_says_run_make_setup():
@@ -129,8 +185,29 @@ def test_the_training_summary_names_the_models_ops_and_why():
     assert cpu["softmax loss"] == ("fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so "
                                    f"for {isa})")
     bf16 = rows("CPU", "precision=mixed_bfloat16")
-    assert bf16["LSTM cell"] == "TF ops (the fused kernel is float32 only; precision is mixed_bfloat16)"
+    products = kernels.LSTM_BF16_PRODUCTS
+    # The fused cell where this CPU has bf16 products (naming which), else the TF ops and why.
+    fused = f"fused kernel ({op_selection.reason_fused_bf16(products)}: texar_lite/kernels/lstm_cell.so for {isa})"
+    assert bf16["LSTM cell"] == (fused if products else f"TF ops ({BF16_REASON})")
     assert bf16["precision"].startswith("mixed_bfloat16")
+
+
+def test_a_cpu_without_bf16_products_runs_mixed_bfloat16_with_the_tf_ops_cell(monkeypatch):
+    monkeypatch.setattr(kernels, "LSTM_BF16_PRODUCTS", None)
+    model, types = _traced_op_types("CPU", precision="mixed_bfloat16")
+    assert model.decoder.cell is decoder.TF_OPS_CELL
+    assert summary._lstm_cell(model.ops) == f"TF ops ({BF16_REASON})"
+    assert types & CUSTOM_OPS == {"SoftmaxCrossEntropyInPlace"}
+
+
+@pytest.mark.skipif(kernels.LSTM_BF16_PRODUCTS is None, reason="this CPU has no bf16 products")
+def test_a_cpu_with_bf16_products_runs_mixed_bfloat16_with_the_fused_cell():
+    model, counts = _traced_op_counts("CPU", precision="mixed_bfloat16", attrs=True)
+    amx = kernels.LSTM_BF16_PRODUCTS == "amx"
+    assert model.decoder.cell is (decoder.FUSED_AMX_CELL if amx else decoder.FUSED_CELL)
+    # Each LSTM op of the train and eval steps reads the bf16 kernel copy, on AMX where this CPU has it.
+    ops = {key for key in counts if isinstance(key, tuple)}
+    assert ops == {(op, "bfloat16", amx) for op in ("LstmSequenceForward", "LstmSequenceBackward")}
 
 
 def test_the_unavailable_loss_kernel_is_reported(monkeypatch):
@@ -215,15 +292,16 @@ def test_a_refused_library_runs_the_tf_ops_and_the_summary_says_why(monkeypatch)
     assert op_selection.ops_for("GPU:0").cell_reason == GPU_REASON
 
 
-def _traced_op_types(device, tf_ops=()):
+def _traced_op_types(device, tf_ops=(), precision="float32"):
     """Op types in the train and eval step graphs (nested functions included) of a tiny model on `device`."""
-    model, counts = _traced_op_counts(device, tf_ops)
+    model, counts = _traced_op_counts(device, tf_ops, precision)
     return model, set(counts)
 
 
-def _traced_op_counts(device, tf_ops=()):
-    """The model, and how many ops of each type its train and eval step graphs hold."""
-    config = _tiny_config()
+def _traced_op_counts(device, tf_ops=(), precision="float32", attrs=False):
+    """The model, and how many ops of each type its train and eval step graphs hold; with attrs,
+    of each (type, Tkernel, amx) for the ops that have those attributes."""
+    config = _tiny_config(f"precision={precision}")
     model = LanguageModel(config, 50, seed=1, device=device, tf_ops=tf_ops)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
@@ -233,12 +311,17 @@ def _traced_op_counts(device, tf_ops=()):
     scalar = tf.TensorSpec([], tf.int64)
     graphs = [train_step.get_concrete_function(ids, ids, state, scalar, scalar, tf.TensorSpec([], tf.float32)),
               make_eval_step(model).get_concrete_function(ids, ids, state)]
+    def key(node):
+        if not attrs or "Tkernel" not in node.attr:
+            return node.op
+        return node.op, tf.dtypes.as_dtype(node.attr["Tkernel"].type).name, node.attr["amx"].b
+
     counts = collections.Counter()
     for concrete in graphs:
         graph_def = concrete.graph.as_graph_def()
-        counts.update(node.op for node in graph_def.node)
+        counts.update(map(key, graph_def.node))
         for function in graph_def.library.function:
-            counts.update(node.op for node in function.node_def)
+            counts.update(map(key, function.node_def))
     return model, counts
 
 

@@ -58,9 +58,10 @@ class LSTMDecoder(tf.Module):
             raise ValueError(f"precision {ops.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if ops.fused_cell and FUSED_CELL is None:
             raise ValueError(f"the fused LSTM op is not built ({kernels.library_path('lstm_cell')}): run make setup")
-        self.cell = FUSED_CELL if ops.fused_cell else TF_OPS_CELL
-        # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights; the
-        # cell state, the gate nonlinearities and the logits stay fp32.
+        self.cell = (FUSED_AMX_CELL if ops.bf16_products == "amx" else FUSED_CELL) if ops.fused_cell else TF_OPS_CELL
+        # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights (the
+        # fused cell's recurrent products too, summing in fp32); the cell
+        # state, the gate nonlinearities and the logits stay fp32.
         self.matmul_dtype = PRECISIONS[ops.precision]
         self.hparams = check_hparams(expect_merged(hparams, "LSTMDecoder"))
         kwargs = self.hparams.kwargs
@@ -227,28 +228,33 @@ class _FusedCell:
     """The same run of steps as one op each way, time loop and recurrent product
     included (texar_lite/kernels/lstm_cell.cc).
 
-    Equal to the TF ops up to rounding; float32 only.
+    Equal to the TF ops up to rounding. With a bfloat16 kernel (mixed
+    precision) the recurrent products read bf16 operands and sum in fp32, on
+    AMX tiles when `amx`, else on AVX512_BF16; all else stays float32.
     """
 
     name = "fused kernel"
 
-    def __init__(self, library):
+    def __init__(self, library, amx=False):
         self.library = library
+        self.amx = amx
 
     # Autograph (a caller's tf.function may turn it on) loses the instance of
     # these bound methods; they hold no Python control flow to convert.
     @tf.autograph.experimental.do_not_convert
     def forward(self, projected, c, h, kernel):
-        outputs, cells, activations, tanh_c = self.library.lstm_sequence_forward(projected, h, c, kernel)
+        outputs, cells, activations, tanh_c = self.library.lstm_sequence_forward(projected, h, c, kernel,
+                                                                                 amx=self.amx)
         return outputs, cells[-1], outputs[-1], (activations, tanh_c, cells, c)
 
     @tf.autograph.experimental.do_not_convert
     def backward(self, d_outputs, d_c, d_h, saved, kernel):
-        return self.library.lstm_sequence_backward(d_outputs, d_h, d_c, *saved, kernel)
+        return self.library.lstm_sequence_backward(d_outputs, d_h, d_c, *saved, kernel, amx=self.amx)
 
 
-# The cells an OpChoice names: FUSED_CELL is None where setup has not built the kernel.
+# The cells an OpChoice names: the fused ones are None where setup has not built the kernel.
 FUSED_CELL = _FusedCell(kernels.LSTM_CELL) if kernels.LSTM_CELL else None
+FUSED_AMX_CELL = _FusedCell(kernels.LSTM_CELL, amx=True) if kernels.LSTM_CELL else None
 TF_OPS_CELL = _TfOpsCell()
 
 
@@ -260,7 +266,7 @@ def _lstm_sequence(projected, c, h, kernel, cell):
     computes the recurrent kernel's gradient as T small matmuls summed by
     AddN; here it is one [H, T*B] x [T*B, 4H] matmul after the loop. `cell`
     runs the time steps each way, the recurrent products included. kernel may
-    be a bfloat16 copy (mixed precision, with the TF-ops cell); all else is float32.
+    be a bfloat16 copy (mixed precision); all else is float32.
     """
 
     @tf.custom_gradient

@@ -11,7 +11,8 @@ GPU, every LSTM op would run on the host with a copy of its inputs and
 outputs each way, or fail to place. So the choice depends on the device the
 model runs on, not only on whether setup built the libraries:
 
-    cell: fused kernel  on CPU, float32, library built; TF ops otherwise
+    cell: fused kernel  on CPU, library built, float32 or (mixed_bfloat16)
+                        a CPU with bf16 dot products; TF ops otherwise
     loss: fused kernel  on CPU, library built; TF ops otherwise (the logits
                         are float32 under either precision)
 
@@ -25,10 +26,14 @@ only by a conversion of every weight and checkpoint on the way in and out;
 the TF ops run this very cell, so a checkpoint moves between CPU and GPU
 runs unchanged.
 
+Under mixed_bfloat16 the fused cell runs its recurrent products in bf16,
+on AMX tiles or AVX512_BF16's vdpbf16ps (texar_lite.kernels.bf16_products);
+a CPU with neither runs the TF-ops cell, whose bf16 MatMul oneDNN emulates.
+
 The reasons name the first condition that rules the fused kernel out, in
-this order: an explicit request for the TF ops, the device, the precision,
-the build (so that a GPU run is never told to run make setup for a kernel it
-would not use anyway). The build's reason is texar_lite/kernels' own: not
+this order: an explicit request for the TF ops, the device, the precision
+(bf16 on a CPU without bf16 dot products), the build (so that a GPU run is
+never told to run make setup for a kernel it would not use anyway). The build's reason is texar_lite/kernels' own: not
 built, or built for CPU flags this CPU lacks. The request (``tf_ops``) is
 how the benchmark's lever rows and the tests compare the fused kernels with
 the TF ops.
@@ -46,21 +51,28 @@ PARTS = ("cell", "loss")
 
 REASON_ASKED = "asked for instead of the fused kernel"
 REASON_FUSED_CELL = "built, float32 on CPU"
+BF16_PRODUCTS = {"amx": "AMX tiles", "avx512_bf16": "avx512_bf16 (vdpbf16ps)"}
 REASON_FUSED_LOSS = "built, float32 logits on CPU"
 REASON_GPU = "the fused kernel is CPU-only and this run is on GPU"
 
 
 def reason_precision(precision):
-    return f"the fused kernel is float32 only; precision is {precision}"
+    return f"precision is {precision}, and the fused kernel's bf16 products need avx512_bf16, which this CPU lacks"
+
+
+def reason_fused_bf16(products):
+    return f"built, bf16 products on {BF16_PRODUCTS[products]}"
 
 
 @dataclasses.dataclass(frozen=True)
 class OpChoice:
-    """cell and loss are FUSED or TF_OPS; each reason says why, in a few words.
+    """cell and loss are FUSED or TF_OPS; each reason says why, in a few words. bf16_products
+    says how a fused cell runs its bf16 products under mixed_bfloat16: "amx" or "avx512_bf16".
 
     A dataclass, not a tuple: tf.Module would track a tuple attribute as a
     checkpoint dependency. A choice made by hand is checked as choose_ops
-    would decide: the fused kernels run on CPU only, the cell on float32 only.
+    would decide: the fused kernels run on CPU only, the cell in bf16 only
+    with bf16 products named.
     """
     device_type: str
     precision: str
@@ -68,12 +80,20 @@ class OpChoice:
     cell_reason: str
     loss: str
     loss_reason: str
+    bf16_products: str = ""
 
     def __post_init__(self):
         if self.fused_cell and self.device_type != "CPU":
             raise ValueError(f"the fused LSTM op is a CPU kernel; device {self.device_type} needs the TF-ops cell")
-        if self.fused_cell and self.precision != "float32":
-            raise ValueError(f"the fused LSTM op is float32 only; precision {self.precision} needs the TF-ops cell")
+        if self.bf16_products not in ("", *BF16_PRODUCTS):
+            raise ValueError(f"bf16_products {self.bf16_products!r}: expected one of 'amx', 'avx512_bf16' or ''")
+        bf16_cell = self.fused_cell and self.precision != "float32"
+        if bf16_cell and not self.bf16_products:
+            raise ValueError(f"the fused LSTM op runs precision {self.precision} only with its bf16 products; "
+                             "without bf16_products ('amx' or 'avx512_bf16') it needs the TF-ops cell")
+        if self.bf16_products and not bf16_cell:
+            raise ValueError(f"bf16_products {self.bf16_products!r} is for the fused cell under mixed_bfloat16, "
+                             f"not the {self.cell} cell at precision {self.precision}")
         if self.fused_loss and self.device_type != "CPU":
             raise ValueError(f"the fused softmax loss is a CPU kernel; device {self.device_type} needs the TF-ops "
                              "loss")
@@ -104,16 +124,18 @@ def device_type(device):
     return found[-1]
 
 
-def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=()):
+def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(), bf16_products=None):
     """The LSTM cell and softmax loss for a model on `device` ("CPU", "GPU", "GPU:0", ...).
 
     precision is the config's ("float32" or "mixed_bfloat16"); cell_missing
     and loss_missing say why texar_lite/kernels did not load lstm_cell.so or
     softmax_xent.so, None where it did. tf_ops names the parts ("cell", "loss") that run as TF ops even
-    where their fused kernel could. Pure: the same arguments give
-    the same OpChoice.
+    where their fused kernel could. bf16_products is how this CPU runs the
+    fused cell's bf16 products ("amx", "avx512_bf16"; None: it cannot).
+    Pure: the same arguments give the same OpChoice.
     """
     kind = device_type(device)
+    bf16 = precision != "float32"
     asked = set(tf_ops)
     if isinstance(tf_ops, str) or not asked <= set(PARTS):
         raise ValueError(f"tf_ops {tf_ops!r}: expected a collection of {', '.join(PARTS)}, e.g. ('loss',)")
@@ -121,12 +143,12 @@ def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(
         cell, cell_reason = TF_OPS, REASON_ASKED
     elif kind == "GPU":
         cell, cell_reason = TF_OPS, REASON_GPU
-    elif precision != "float32":
+    elif bf16 and bf16_products not in BF16_PRODUCTS:
         cell, cell_reason = TF_OPS, reason_precision(precision)
     elif cell_missing:
         cell, cell_reason = TF_OPS, cell_missing
     else:
-        cell, cell_reason = FUSED, REASON_FUSED_CELL
+        cell, cell_reason = FUSED, reason_fused_bf16(bf16_products) if bf16 else REASON_FUSED_CELL
     if "loss" in asked:
         loss, loss_reason = TF_OPS, REASON_ASKED
     elif kind == "GPU":
@@ -135,10 +157,12 @@ def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(
         loss, loss_reason = TF_OPS, loss_missing
     else:
         loss, loss_reason = FUSED, REASON_FUSED_LOSS
-    return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason)
+    products = bf16_products if bf16 and cell == FUSED else ""
+    return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason, products)
 
 
 def ops_for(device="CPU", precision="float32", tf_ops=()):
     """choose_ops with the libraries texar_lite/kernels loaded (read at call time, so a test may unload one)."""
     return choose_ops(device, precision, cell_missing=kernels.LSTM_CELL_MISSING,
-                      loss_missing=kernels.SOFTMAX_XENT_MISSING, tf_ops=tf_ops)
+                      loss_missing=kernels.SOFTMAX_XENT_MISSING, tf_ops=tf_ops,
+                      bf16_products=kernels.LSTM_BF16_PRODUCTS)

@@ -11,8 +11,15 @@ records the CPU flags it used in `name`.isa beside it. A library whose flags
 this CPU lacks is not loaded at all: its first vector instruction would kill
 the process, and a tree may be copied, or a home directory shared, between
 machines of different generations.
+
+The LSTM op's bfloat16 products (mixed_bfloat16) are compiled into the same
+library for the instructions they use, whatever the build's flags, and run
+only where this CPU has them: bf16_products() says how, and the op refuses
+a bf16 kernel elsewhere.
 """
+import ctypes
 import os
+import platform
 
 import tensorflow as tf
 
@@ -63,7 +70,33 @@ def load(name, directory=DIRECTORY, cpuinfo=CPUINFO):
         return None, f"the fused kernel does not load ({first_line}): run make setup"
 
 
-# lstm_cell.cc: one LSTM time step, recurrent product included, each way.
+# Linux grants a process the AMX tiles' register state only when asked (arch_prctl, x86-64).
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+AMX_FLAGS = ("amx_bf16", "amx_tile")
+# The CPU flags the LSTM op's vdpbf16ps products, and the bf16 rounding and layout around them, use.
+BF16_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+
+
+def request_amx():
+    """Asks Linux for this process's AMX tile state, as the op itself does; True when granted."""
+    if platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+
+
+def bf16_products(cpuinfo=CPUINFO, amx_granted=request_amx):
+    """How the fused LSTM op runs bf16 recurrent products on this CPU: "amx" (AMX tiles, where
+    the CPU has them and Linux grants them), "avx512_bf16" (vdpbf16ps), or None (neither)."""
+    flags = set(cpu_flags(cpuinfo))
+    if not flags.issuperset(BF16_FLAGS):
+        return None
+    return "amx" if flags.issuperset(AMX_FLAGS) and amx_granted() else "avx512_bf16"
+
+
+# lstm_cell.cc: an LSTM layer's run of time steps, recurrent products included, each way.
 LSTM_CELL, LSTM_CELL_MISSING = load("lstm_cell")
+# Its bf16 products on this CPU (None: mixed_bfloat16 runs the TF-ops cell), built or not.
+LSTM_BF16_PRODUCTS = bf16_products()
 # softmax_xent.cc: the softmax cross entropy and its gradient in one sweep over the logits.
 SOFTMAX_XENT, SOFTMAX_XENT_MISSING = load("softmax_xent")

@@ -20,8 +20,23 @@
 // setup builds this file for the widest instruction set the CPU has, FMA
 // included, so they differ from the TF ops (built for plain AVX) by an ulp
 // or two, and the products from oneDNN's by their order of summation.
+//
+// The kernel input is W_h in float32, or (Tkernel bfloat16, mixed_bfloat16)
+// its bf16 copy: the recurrent products then read bf16 operands and sum in
+// float32 (on AVX512_BF16 or AMX, see "The bfloat16 recurrent products"),
+// and the rest stays as above. That code is compiled for those instructions
+// by function attributes, whatever setup's flags, and the op refuses a bf16
+// kernel on a CPU without them, so the library still loads on any CPU its
+// flags fit; texar_lite/kernels decides where the bf16 kernel runs.
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -45,10 +60,12 @@ using Row = Eigen::Map<Eigen::ArrayXf>;
 using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
 
 REGISTER_OP("LstmSequenceForward")
+    .Attr("Tkernel: {float, bfloat16} = DT_FLOAT")
+    .Attr("amx: bool = false")    // bfloat16 kernel: the products on AMX tiles, else on vdpbf16ps
     .Input("projected: float")    // [T, B, 4H]: x W_x + b for every step
     .Input("h0: float")           // [B, H]
     .Input("c0: float")           // [B, H]
-    .Input("kernel: float")       // [H, 4H]: W_h
+    .Input("kernel: Tkernel")     // [H, 4H]: W_h, or its bfloat16 copy (bf16 products, see below)
     .Output("outputs: float")     // [T, B, H]: h of every step
     .Output("cells: float")       // [T, B, H]: c of every step
     .Output("activations: float") // [T, B, 4H]: sigmoid(i) | tanh(j) | sigmoid(f) | sigmoid(o)
@@ -67,6 +84,8 @@ REGISTER_OP("LstmSequenceForward")
     });
 
 REGISTER_OP("LstmSequenceBackward")
+    .Attr("Tkernel: {float, bfloat16} = DT_FLOAT")
+    .Attr("amx: bool = false")
     .Input("d_outputs: float")    // [T, B, H]
     .Input("d_h: float")          // [B, H]: of the final h, besides its output
     .Input("d_c: float")          // [B, H]: of the final c
@@ -74,7 +93,7 @@ REGISTER_OP("LstmSequenceBackward")
     .Input("tanh_c: float")       // [T, B, H]
     .Input("cells: float")        // [T, B, H]
     .Input("c0: float")           // [B, H]
-    .Input("kernel: float")       // [H, 4H]
+    .Input("kernel: Tkernel")     // [H, 4H]
     .Output("d_projected: float") // [T, B, 4H]: the gates' gradient (of x W_x + b and of h_prev W_h)
     .Output("d_c0: float")        // [B, H]
     .Output("d_h0: float")        // [B, H]
@@ -248,25 +267,391 @@ void MultiplyTransposedRows(const float* a, int64_t rows, int64_t depth, const f
   OverRows<DotTile>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo, 1, count);
 }
 
-// Calls fn(first, count) over [0, size) in blocks of a packet, the blocks
-// spread over TF's intra-op threads.
+// Calls fn(first, count) over [0, size) in blocks of `block` columns, the
+// blocks spread over TF's intra-op threads.
 template <typename Fn>
-void ForBlocks(OpKernelContext* ctx, int64_t size, int64_t cost_per_item, Fn fn) {
+void ForBlocks(OpKernelContext* ctx, int64_t size, int64_t block, int64_t cost_per_item, Fn fn) {
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  tensorflow::Shard(workers->num_threads, workers->workers, (size + kPacket - 1) / kPacket,
-                    kPacket * cost_per_item, [&](int64_t begin, int64_t end) {
-                      fn(begin * kPacket, std::min(end * kPacket, size) - begin * kPacket);
+  tensorflow::Shard(workers->num_threads, workers->workers, (size + block - 1) / block, block * cost_per_item,
+                    [&](int64_t begin, int64_t end) {
+                      fn(begin * block, std::min(end * block, size) - begin * block);
                     });
 }
 
+// The float32 recurrent products: the tiles above, on the float32 kernel.
+class Fp32Products {
+ public:
+  Fp32Products(OpKernelContext*, const Tensor& kernel, int64_t, int64_t units, bool, bool)
+      : kernel_(kernel.flat<float>().data()), n_(units) {}
+
+  // acts = h_prev W_h, [batch, 4H].
+  void Forward(OpKernelContext* ctx, const float* h_prev, int64_t batch, float* acts) const {
+    ForBlocks(ctx, 4 * n_, kPacket, 2 * batch * n_, [&](int64_t first, int64_t count) {
+      MultiplyColumns(h_prev, batch, n_, kernel_, 4 * n_, acts, 4 * n_, first, count);
+    });
+  }
+
+  // d_h = d_gates W_h^T, [batch, H].
+  void Backward(OpKernelContext* ctx, const float* d_gates, int64_t batch, float* d_h) const {
+    ForBlocks(ctx, n_, kPacket, 2 * batch * 4 * n_, [&](int64_t first, int64_t count) {
+      MultiplyTransposedRows(d_gates, batch, 4 * n_, kernel_, d_h, n_, first, count);
+    });
+  }
+
+ private:
+  const float* kernel_;
+  int64_t n_;
+};
+
+// ---------------------------------------------------------------------------
+// The bfloat16 recurrent products (mixed_bfloat16): the operands are bf16,
+// W_h as the bf16 copy the decoder makes of it and h_prev or d_gates rounded
+// to bf16 as tf.cast rounds them, and every product is summed in float32;
+// the gate math, the cell state and every output stay float32. They run on
+// AVX512_BF16's vdpbf16ps, which multiplies pairs of bf16 values and adds
+// both products to a float32 lane, or on AMX tiles where the CPU and Linux
+// grant them. TF's bf16 MatMul would round each product to bf16 on the way
+// out; here it stays float32.
+//
+// The dot products take their operands in pairs along the summed dimension:
+// one 32-bit word holds elements k and k + 1. The kernel is laid out once
+// per op call (every step of the call reuses it) as [pairs][columns] words:
+// forward, word (p, c) = W_h[2p, c], W_h[2p + 1, c]; backward, where the
+// product is with W_h^T, word (p, q) = W_h[q, 2p], W_h[q, 2p + 1]. The rows
+// of h_prev or d_gates are rounded into [B, pairs] words at every step.
+// Pairs are padded with zeros to whole AMX tiles (16 pairs), columns to whole
+// vectors (16); a zero pair adds +0 to a sum, which leaves it as it was.
+//
+// As in the float32 tiles, every output element is summed over its pairs in
+// one fixed order whatever the batch and the threads, so a rank's rows come
+// out bit for bit as in one process (AMX rows included: each row of a tile
+// product reads only its own row of the left operand).
+// ---------------------------------------------------------------------------
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-bf16")))
+
+constexpr int64_t kLanes = 16;      // float32 lanes (and bf16 pairs) in a 512-bit vector
+constexpr int64_t kTilePairs = 16;  // pairs in the summed dimension of one AMX tile product
+constexpr int kPairRows = 5;        // rows of a vdpbf16ps tile: 5 x 4 accumulators of 32 registers
+constexpr int kPairColumns = 4;     // vectors of a vdpbf16ps tile
+
+int64_t RoundUp(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+bool CpuHasAvx512Bf16() {
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+
+// AMX: CPUID leaf 7 lists AMX-TILE (EDX bit 24) and AMX-BF16 (bit 22), and
+// Linux hands a process the tiles' 8 KB of register state only after
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): asked once, for every
+// thread of the process. Any failure leaves the vdpbf16ps path.
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+bool AskForAmx() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+bool AmxGranted() {
+  static const bool granted = AskForAmx();
+  return granted;
+}
+
+// out[0, padded) = `in`[0, n) rounded to bf16 as tf.cast rounds (to nearest,
+// ties to even; a NaN becomes the quiet NaN of its sign), then zeros.
+TARGET_BF16 void RoundToBf16(const float* in, int64_t n, int64_t padded, uint16_t* out) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i sign = _mm512_set1_epi32(0x8000), quiet = _mm512_set1_epi32(0x7fc0);
+  for (int64_t i = 0; i < padded; i += kLanes) {
+    const int64_t left = std::max<int64_t>(0, std::min(n - i, kLanes));
+    const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
+    const __m512i x = _mm512_maskz_loadu_epi32(valid, in + i);
+    const __m512i high = _mm512_srli_epi32(x, 16);
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(bias, _mm512_and_si512(high, one))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(x), _mm512_castsi512_ps(x), _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(_mm512_and_si512(high, sign), quiet));
+    const __mmask16 stored = static_cast<__mmask16>((1u << std::min(padded - i, kLanes)) - 1);
+    _mm512_mask_cvtepi32_storeu_epi16(out + i, stored, rounded);
+  }
+}
+
+// out[r, c] (c < count) = sum over pairs p of the pair dot a[r, p] . w[p, c],
+// for r < R, in R x P vectors: the pairs in order, one vdpbf16ps each.
+template <int R, int P>
+TARGET_BF16 void PairTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t ldw, int64_t pairs, float* out,
+                          int64_t ldo, int64_t count) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512bh wk[P];
+    for (int p = 0; p < P; ++p) wk[p] = (__m512bh)_mm512_loadu_si512(w + k * ldw + p * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh ak = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * lda + k]));
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], ak, wk[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const int64_t left = std::min(count - p * kLanes, kLanes);
+    const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo + p * kLanes, valid, acc[r][p]);
+  }
+}
+
+// Columns [0, count) of R rows: tiles of kPairColumns vectors, then one of the 1 to 3 left.
+template <int R>
+TARGET_BF16 void PairColumns(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t ldw, int64_t pairs,
+                             float* out, int64_t ldo, int64_t count) {
+  constexpr int64_t kWidth = kPairColumns * kLanes;
+  int64_t c = 0;
+  for (; count - c > kWidth - kLanes; c += kWidth) {  // the last of these may end in a part of a vector
+    PairTile<R, kPairColumns>(a, lda, w + c, ldw, pairs, out + c, ldo, std::min(count - c, kWidth));
+  }
+  switch ((count - c + kLanes - 1) / kLanes) {
+    case 3: PairTile<R, 3>(a, lda, w + c, ldw, pairs, out + c, ldo, count - c); break;
+    case 2: PairTile<R, 2>(a, lda, w + c, ldw, pairs, out + c, ldo, count - c); break;
+    case 1: PairTile<R, 1>(a, lda, w + c, ldw, pairs, out + c, ldo, count - c); break;
+    default: break;
+  }
+}
+
+// out[:, first : first + count] = a [rows, pairs] . w[:, first : first + count] with vdpbf16ps.
+TARGET_BF16 void MultiplyPairs(const uint32_t* a, int64_t rows, int64_t lda, int64_t pairs, const uint32_t* w,
+                               int64_t ldw, float* out, int64_t ldo, int64_t first, int64_t count) {
+  w += first;
+  out += first;
+  int64_t r = 0;
+  for (; r + kPairRows <= rows; r += kPairRows) {
+    PairColumns<kPairRows>(a + r * lda, lda, w, ldw, pairs, out + r * ldo, ldo, count);
+  }
+  const uint32_t* a_rest = a + r * lda;
+  float* out_rest = out + r * ldo;
+  switch (rows - r) {
+    case 4: PairColumns<4>(a_rest, lda, w, ldw, pairs, out_rest, ldo, count); break;
+    case 3: PairColumns<3>(a_rest, lda, w, ldw, pairs, out_rest, ldo, count); break;
+    case 2: PairColumns<2>(a_rest, lda, w, ldw, pairs, out_rest, ldo, count); break;
+    case 1: PairColumns<1>(a_rest, lda, w, ldw, pairs, out_rest, ldo, count); break;
+    default: break;
+  }
+}
+
+// Tiles 0-3 accumulate up to 4 column tiles of the output, 16 floats wide;
+// tile 4 holds `rows` rows of the left operand, 16 pairs each; tiles 5 and 6
+// take turns holding 16 pairs of 16 kernel columns.
+struct TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+};
+
+TARGET_AMX void ConfigureTiles(int rows) {
+  alignas(64) TileConfig config = {};
+  config.palette = 1;
+  for (int t = 0; t < 7; ++t) {
+    config.bytes_per_row[t] = kLanes * 4;
+    config.rows[t] = t < 5 ? rows : kTilePairs;
+  }
+  _tile_loadconfig(&config);
+}
+
+// The tile instructions are asm statements that tell the compiler nothing of
+// the memory they read and write.
+inline void MemoryBarrier() { asm volatile("" ::: "memory"); }
+
+// out[r, c] (r < rows, c < count <= 16 N) = sum over pairs of a[r, p] . w[p, c]:
+// N column tiles, 16 pairs at a time, in order.
+template <int N>
+TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t ldw, int64_t pairs, float* out,
+                        int64_t ldo, int rows, int64_t count) {
+  _tile_zero(0);
+  if (N > 1) _tile_zero(1);
+  if (N > 2) _tile_zero(2);
+  if (N > 3) _tile_zero(3);
+  MemoryBarrier();
+  for (int64_t k = 0; k < pairs; k += kTilePairs) {
+    const uint32_t* wk = w + k * ldw;
+    _tile_loadd(4, a + k, lda * 4);
+    _tile_loadd(5, wk, ldw * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    if (N > 1) {
+      _tile_loadd(6, wk + kLanes, ldw * 4);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if (N > 2) {
+      _tile_loadd(5, wk + 2 * kLanes, ldw * 4);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if (N > 3) {
+      _tile_loadd(6, wk + 3 * kLanes, ldw * 4);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+  }
+  if (count == N * kLanes) {
+    _tile_stored(0, out, ldo * 4);
+    if (N > 1) _tile_stored(1, out + kLanes, ldo * 4);
+    if (N > 2) _tile_stored(2, out + 2 * kLanes, ldo * 4);
+    if (N > 3) _tile_stored(3, out + 3 * kLanes, ldo * 4);
+    MemoryBarrier();
+    return;
+  }
+  // The output's last columns: through a buffer, since a tile stores whole rows of 16.
+  alignas(64) float buffer[N][kTilePairs * kLanes];
+  _tile_stored(0, buffer[0], kLanes * 4);
+  if (N > 1) _tile_stored(1, buffer[1], kLanes * 4);
+  if (N > 2) _tile_stored(2, buffer[2], kLanes * 4);
+  if (N > 3) _tile_stored(3, buffer[3], kLanes * 4);
+  MemoryBarrier();
+  for (int t = 0; t < N; ++t) {
+    const int64_t left = std::min(count - t * kLanes, kLanes);
+    for (int r = 0; r < rows; ++r) std::memcpy(out + r * ldo + t * kLanes, buffer[t] + r * kLanes, left * 4);
+  }
+}
+
+// out[:, first : first + count] = a [rows, pairs] . w[:, first : first + count] on AMX tiles, 16 rows at a time.
+// The tiles are configured here every time: TF's oneDNN runs its own AMX
+// kernels on the same threads, with its own configuration.
+TARGET_AMX void MultiplyTiles(const uint32_t* a, int64_t rows, int64_t lda, int64_t pairs, const uint32_t* w,
+                              int64_t ldw, float* out, int64_t ldo, int64_t first, int64_t count) {
+  constexpr int64_t kWidth = 4 * kLanes;
+  w += first;
+  out += first;
+  int configured = 0;
+  for (int64_t r = 0; r < rows; r += kTilePairs) {
+    const int block = static_cast<int>(std::min(rows - r, kTilePairs));
+    if (block != configured) ConfigureTiles(configured = block);
+    const uint32_t* a_rows = a + r * lda;
+    float* out_rows = out + r * ldo;
+    int64_t c = 0;
+    for (; count - c > kWidth - kLanes; c += kWidth) {  // the last of these may end in a part of a tile
+      AmxTile<4>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, std::min(count - c, kWidth));
+    }
+    switch ((count - c + kLanes - 1) / kLanes) {
+      case 3: AmxTile<3>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
+      case 2: AmxTile<2>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
+      case 1: AmxTile<1>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
+      default: break;
+    }
+  }
+  // Hands the tile state back, so that a context switch need not save it.
+  _tile_release();
+}
+
+// packed[p, c] = w[2p, c] | w[2p + 1, c] << 16 for p in [first, first + count):
+// the rows of w [depth, width] in pairs, zeros past its edges.
+TARGET_BF16 void PackRowPairs(const uint16_t* w, int64_t depth, int64_t width, int64_t first, int64_t count,
+                              uint32_t* packed, int64_t ldp) {
+  for (int64_t p = first; p < first + count; ++p) {
+    for (int64_t c = 0; c < ldp; c += kLanes) {
+      const int64_t left = std::max<int64_t>(0, std::min(width - c, kLanes));
+      const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 even = 2 * p < depth ? valid : 0, odd = 2 * p + 1 < depth ? valid : 0;
+      const __m512i low = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(even, w + 2 * p * width + c));
+      const __m512i high = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(odd, w + (2 * p + 1) * width + c));
+      _mm512_storeu_si512(packed + p * ldp + c, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+    }
+  }
+}
+
+// packed[p, q] = words[q, p] for p in [first, first + count): words [rows, columns]
+// transposed, zeros past its edges. Read as 32-bit words, the rows of W_h
+// hold the pairs of W_h^T's rows.
+TARGET_BF16 void PackTransposed(const uint32_t* words, int64_t rows, int64_t columns, int64_t first, int64_t count,
+                                uint32_t* packed, int64_t ldp) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t p = first; p < first + count; ++p) {
+    for (int64_t q = 0; q < ldp; q += kLanes) {
+      const int64_t left = p < columns ? std::max<int64_t>(0, std::min(rows - q, kLanes)) : 0;
+      const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
+      const __m512i index = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(q), lane),
+                                                                _mm512_set1_epi32(columns)),
+                                             _mm512_set1_epi32(p));
+      const __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, index, words, 4);
+      _mm512_storeu_si512(packed + p * ldp + q, word);
+    }
+  }
+}
+
+// The bf16 products of one op call: the kernel laid out in pairs once, the
+// left operand rounded into `rows_` at every step.
+class Bf16Products {
+ public:
+  // transposed: the backward's product with W_h^T, else the forward's with W_h.
+  Bf16Products(OpKernelContext* ctx, const Tensor& kernel, int64_t batch, int64_t units, bool transposed, bool amx)
+      : amx_(amx),
+        depth_(transposed ? 4 * units : units),
+        width_(transposed ? units : 4 * units),
+        pairs_(RoundUp((depth_ + 1) / 2, kTilePairs)),
+        ldw_(RoundUp(width_, kLanes)),
+        packed_(pairs_ * ldw_),
+        rows_(batch * pairs_) {
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(kernel.flat<tensorflow::bfloat16>().data());
+    ForBlocks(ctx, pairs_, 1, ldw_, [&](int64_t first, int64_t count) {
+      if (transposed) {
+        // W_h [H, 4H] as words is [H, 2H], and 4H is even: W_h^T's pairs are whole words.
+        PackTransposed(reinterpret_cast<const uint32_t*>(w), units, 2 * units, first, count, packed_.data(), ldw_);
+      } else {
+        PackRowPairs(w, units, 4 * units, first, count, packed_.data(), ldw_);
+      }
+    });
+  }
+
+  void Forward(OpKernelContext* ctx, const float* h_prev, int64_t batch, float* acts) { Run(ctx, h_prev, batch, acts); }
+  void Backward(OpKernelContext* ctx, const float* d_gates, int64_t batch, float* d_h) {
+    Run(ctx, d_gates, batch, d_h);
+  }
+
+ private:
+  // out [batch, width] = bf16(a) [batch, depth] x the kernel.
+  void Run(OpKernelContext* ctx, const float* a, int64_t batch, float* out) {
+    uint16_t* halves = reinterpret_cast<uint16_t*>(rows_.data());
+    for (int64_t b = 0; b < batch; ++b) RoundToBf16(a + b * depth_, depth_, 2 * pairs_, halves + b * 2 * pairs_);
+    ForBlocks(ctx, width_, kLanes, 2 * batch * depth_, [&](int64_t first, int64_t count) {
+      if (amx_) {
+        MultiplyTiles(rows_.data(), batch, pairs_, pairs_, packed_.data(), ldw_, out, width_, first, count);
+      } else {
+        MultiplyPairs(rows_.data(), batch, pairs_, (depth_ + 1) / 2, packed_.data(), ldw_, out, width_, first, count);
+      }
+    });
+  }
+
+  const bool amx_;
+  const int64_t depth_, width_, pairs_, ldw_;
+  std::vector<uint32_t> packed_;  // [pairs_, ldw_]
+  std::vector<uint32_t> rows_;    // [batch, pairs_]
+};
+
+template <typename T>
+using Products = typename std::conditional<std::is_same<T, float>::value, Fp32Products, Bf16Products>::type;
+
+// The bf16 kernels run only where the CPU has the instructions they use,
+// and on AMX only where Linux grants it; `amx` says which the caller asked for.
+template <typename T>
+void RequireProducts(OpKernelConstruction* ctx, const char* op, bool* amx) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("amx", amx));
+  if (std::is_same<T, float>::value) {
+    *amx = false;  // float32 products stay float32
+    return;
+  }
+  OP_REQUIRES(ctx, CpuHasAvx512Bf16(),
+              tensorflow::errors::Unimplemented(op, " with a bfloat16 kernel needs avx512_bf16, which this CPU "
+                                                "lacks: run the TF-ops cell"));
+  OP_REQUIRES(ctx, !*amx || AmxGranted(),
+              tensorflow::errors::Unimplemented(op, " with amx=True needs AMX tiles (amx_bf16, amx_tile), which this "
+                                                "CPU lacks or Linux does not grant: run it with amx=False"));
+}
+
 // One step forward: acts = the gates of gx + h_prev W_h, then c, tanh_c and h.
-void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, const float* c_prev,
-                 const float* kernel, int64_t batch, int64_t n, float* acts, float* c_out, float* tanh_c_out,
-                 float* h_out) {
+template <typename P>
+void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, const float* c_prev, P& products,
+                 int64_t batch, int64_t n, float* acts, float* c_out, float* tanh_c_out, float* h_out) {
   // h_prev W_h goes into the activations buffer, which the gates then overwrite.
-  ForBlocks(ctx, 4 * n, 2 * batch * n, [&](int64_t first, int64_t count) {
-    MultiplyColumns(h_prev, batch, n, kernel, 4 * n, acts, 4 * n, first, count);
-  });
+  products.Forward(ctx, h_prev, batch, acts);
   for (int64_t b = 0; b < batch; ++b) {
     const float* x = gx + b * 4 * n;
     float* a = acts + b * 4 * n;
@@ -286,8 +671,9 @@ void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, con
 // One step backward. On entry d_h and d_c hold the gradients of this step's
 // h (besides its output's, d_output) and c; on return, those of the step
 // before's: d_c_prev, and d_h_prev = d_gates W_h^T.
+template <typename P>
 void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts, const float* tanh_c_in,
-                  const float* c_prev, const float* kernel, int64_t batch, int64_t n, float* d_gates, float* d_h,
+                  const float* c_prev, P& products, int64_t batch, int64_t n, float* d_gates, float* d_h,
                   float* d_c) {
   Eigen::ArrayXf dh(n), dc(n);
   for (int64_t b = 0; b < batch; ++b) {
@@ -306,16 +692,17 @@ void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts
     Row(d_c + b * n, n) = dc * f;
   }
   // Every row of d_h has been read above; the product overwrites it.
-  ForBlocks(ctx, n, 2 * batch * 4 * n, [&](int64_t first, int64_t count) {
-    MultiplyTransposedRows(d_gates, batch, 4 * n, kernel, d_h, n, first, count);
-  });
+  products.Backward(ctx, d_gates, batch, d_h);
 }
 
 float* Out(Tensor* t) { return t->flat<float>().data(); }
 
+template <typename T>
 class LstmSequenceForwardOp : public OpKernel {
  public:
-  explicit LstmSequenceForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit LstmSequenceForwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    RequireProducts<T>(ctx, "LstmSequenceForward", &amx_);
+  }
 
   void Compute(OpKernelContext* ctx) override {
     int64_t steps, batch, n;
@@ -327,19 +714,26 @@ class LstmSequenceForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({steps, batch, n}), &cells));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({steps, batch, 4 * n}), &acts));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({steps, batch, n}), &tanh_c));
+    Products<T> products(ctx, ctx->input(3), batch, n, false, amx_);
     const int64_t state = batch * n;
     for (int64_t t = 0; t < steps; ++t) {
       const float* h_prev = t ? Out(outputs) + (t - 1) * state : In(ctx, 1);
       const float* c_prev = t ? Out(cells) + (t - 1) * state : In(ctx, 2);
-      ForwardStep(ctx, In(ctx, 0) + t * 4 * state, h_prev, c_prev, In(ctx, 3), batch, n, Out(acts) + t * 4 * state,
+      ForwardStep(ctx, In(ctx, 0) + t * 4 * state, h_prev, c_prev, products, batch, n, Out(acts) + t * 4 * state,
                   Out(cells) + t * state, Out(tanh_c) + t * state, Out(outputs) + t * state);
     }
   }
+
+ private:
+  bool amx_;
 };
 
+template <typename T>
 class LstmSequenceBackwardOp : public OpKernel {
  public:
-  explicit LstmSequenceBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit LstmSequenceBackwardOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    RequireProducts<T>(ctx, "LstmSequenceBackward", &amx_);
+  }
 
   void Compute(OpKernelContext* ctx) override {
     int64_t steps, batch, n;
@@ -352,6 +746,7 @@ class LstmSequenceBackwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({steps, batch, 4 * n}), &d_projected));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, n}), &d_c));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({batch, n}), &d_h));
+    Products<T> products(ctx, ctx->input(7), batch, n, true, amx_);
     // d_c0 and d_h0 carry the gradients from step to step, last to first.
     const int64_t state = batch * n;
     std::memcpy(Out(d_h), In(ctx, 1), state * sizeof(float));
@@ -359,12 +754,23 @@ class LstmSequenceBackwardOp : public OpKernel {
     for (int64_t t = steps - 1; t >= 0; --t) {
       const float* c_prev = t ? In(ctx, 5) + (t - 1) * state : In(ctx, 6);
       BackwardStep(ctx, In(ctx, 0) + t * state, In(ctx, 3) + t * 4 * state, In(ctx, 4) + t * state, c_prev,
-                   In(ctx, 7), batch, n, Out(d_projected) + t * 4 * state, Out(d_h), Out(d_c));
+                   products, batch, n, Out(d_projected) + t * 4 * state, Out(d_h), Out(d_c));
     }
   }
+
+ private:
+  bool amx_;
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("LstmSequenceForward").Device(DEVICE_CPU), LstmSequenceForwardOp);
-REGISTER_KERNEL_BUILDER(Name("LstmSequenceBackward").Device(DEVICE_CPU), LstmSequenceBackwardOp);
+REGISTER_KERNEL_BUILDER(Name("LstmSequenceForward").Device(DEVICE_CPU).TypeConstraint<float>("Tkernel"),
+                        LstmSequenceForwardOp<float>);
+REGISTER_KERNEL_BUILDER(Name("LstmSequenceBackward").Device(DEVICE_CPU).TypeConstraint<float>("Tkernel"),
+                        LstmSequenceBackwardOp<float>);
+REGISTER_KERNEL_BUILDER(
+    Name("LstmSequenceForward").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("Tkernel"),
+    LstmSequenceForwardOp<tensorflow::bfloat16>);
+REGISTER_KERNEL_BUILDER(
+    Name("LstmSequenceBackward").Device(DEVICE_CPU).TypeConstraint<tensorflow::bfloat16>("Tkernel"),
+    LstmSequenceBackwardOp<tensorflow::bfloat16>);
