@@ -1,17 +1,22 @@
 """slurm/train.sbatch, submitted as it is, on a Slurm cluster of two namespace
 hosts (harness/slurm.py): a full run, a host lost mid-epoch, the time limit's
-warning signal, and scancel. A requeued job must end as the uninterrupted run
-does, and a job that ends must leave no process on either host.
+warning signal (also before mpirun has started), ranks that fail after it
+instead of stopping, a job that stops without progress, and scancel. A
+requeued job must end as the uninterrupted run does, and a job that ends must
+leave no process on either host.
 
 The faults strike from inside the job, at named points (tests/hooks.py): the
-jobs run lm_ptb_distributed.py through tests/hooked_entry.py, in the job's
-first run only, by way of a PYTHON the script runs in place of .venv/bin/python.
+jobs run lm_ptb_distributed.py through tests/hooked_entry.py, in the runs the
+test names (the first one unless it says otherwise), by way of a PYTHON the
+script runs in place of .venv/bin/python.
 """
+import errno
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import time
 import uuid
 
@@ -31,6 +36,8 @@ EPOCHS, STEPS = 2, 20
 # The tests run as root, which mpirun refuses unless told; the hosts share the
 # machine's cores, so waiting ranks yield them instead of spinning.
 JOB_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+# The script's line once it has handed the time limit's SIGUSR1 on.
+HANDED_ON = "train.sbatch: SIGUSR1 (the time limit is near) handed on to the ranks on this node"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
@@ -46,7 +53,7 @@ def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("namespace hosts need root")
     if not slurm_lib.installed():
-        pytest.skip(f"Slurm is not installed: make setup installs {slurm_lib.PACKAGES}")
+        pytest.skip(f"Slurm is not installed: make setup installs {slurm_lib.packages()}")
     missing = cluster_lib.missing_tools()
     assert not missing, f"namespace hosts need {', '.join(missing)}: make setup installs them"
     cluster_lib.remove_stale()
@@ -65,33 +72,53 @@ def slurm():
 class Job:
     """sbatch -N 2 slurm/train.sbatch ARGS, tagged (harness/launch.py) so that
     every process of it can be found; `hooks` go to tests/hooked_entry.py in
-    the job's first run, and every run records its steps into `workdir`/steps."""
+    the job's first run, or `hooks_per_run[i]` in its run i (SLURM_RESTART_COUNT
+    i), and every run records its steps into `workdir`/steps. `env` adds to the
+    job's environment."""
 
-    def __init__(self, slurm, workdir, args, hooks=None, name=None):
+    def __init__(self, slurm, workdir, args, hooks=None, name=None, hooks_per_run=None, env=None):
         self.slurm, self.workdir = slurm, str(workdir)
         self.output = os.path.join(self.workdir, "job.out")
         self.steps = os.path.join(self.workdir, "steps")
         self.tag = uuid.uuid4().hex
-        env = dict(os.environ, **RUN_ENV, **JOB_ENV, **{TAG_VAR: self.tag})
+        job_env = dict(os.environ, **RUN_ENV, **JOB_ENV, **(env or {}), **{TAG_VAR: self.tag})
         if hooks is not None:
-            env["PYTHON"] = self._python(hooks)
+            hooks_per_run = [hooks]
+        if hooks_per_run is not None:
+            job_env["PYTHON"] = self._python(hooks_per_run)
         self.id = slurm.submit("-N", "2", "-J", name or f"lm_ptb_{self.tag[:8]}", "--output", self.output,
-                               SCRIPT, *args, env=env, cwd=ROOT)
+                               SCRIPT, *args, env=job_env, cwd=ROOT)
 
-    def _python(self, hooks):
-        """A PYTHON for the script: hooked_entry.py with `hooks` in the first run only."""
+    def _python(self, hooks_per_run):
+        """A PYTHON for the script: hooked_entry.py with hooks_per_run[i] in run i."""
         path = os.path.join(self.workdir, "python")
         entry = shlex.join([PYTHON, HOOKED_ENTRY, "--record_steps", self.steps])
+        runs = "".join(f'[ "$run" = {run} ] && exec {entry} {shlex.join(hooks)} lm_ptb_distributed.py "$@"\n'
+                       for run, hooks in enumerate(hooks_per_run))
         with open(path, "w") as f:
             f.write(f"""#!/bin/sh
 shift  # the path of lm_ptb_distributed.py, whose main hooked_entry.py runs
-if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then
-    exec {entry} {shlex.join(hooks)} lm_ptb_distributed.py "$@"
-fi
-exec {entry} lm_ptb_distributed.py "$@"
+run=${{SLURM_RESTART_COUNT:-0}}
+{runs}exec {entry} lm_ptb_distributed.py "$@"
 """)
         os.chmod(path, 0o755)
         return path
+
+    def batch_shell(self):
+        """The pid of the job's batch shell: the tagged process running slurm_script whose
+        parent (slurmstepd) is untagged, unlike the shell's own subshells."""
+        tagged = set(tagged_pids(self.tag))
+        for pid in tagged:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            if len(words) > 1 and words[1].endswith(b"/slurm_script") and parent not in tagged:
+                return pid
+        pytest.fail(f"job {self.id}: no batch shell among its processes {sorted(tagged)}")
 
     def state(self):
         return self.slurm.job(self.id)
@@ -151,17 +178,21 @@ def results(output_dir):
 
 @pytest.fixture(scope="module")
 def uninterrupted(synthetic_corpus, tmp_path_factory):
-    """The full run's job and results, written to output/JOBNAME as the script does by default."""
+    """The full run's job and results, written to output/JOBNAME as the script does by
+    default, and a copy of its checkpoints (ckpt-20 after epoch 1, ckpt-40)."""
     slurm = slurm_cluster()
     name = f"lm_ptb_test_{uuid.uuid4().hex[:8]}"
     output_dir = os.path.join(ROOT, "output", name)
     job = None
     try:
-        job = Job(slurm, tmp_path_factory.mktemp("uninterrupted"), train_args(synthetic_corpus[0]), name=name)
+        workdir = tmp_path_factory.mktemp("uninterrupted")
+        job = Job(slurm, workdir, train_args(synthetic_corpus[0]), name=name)
         started = time.monotonic()
         job.finished(150, restarts=0)
         seconds = time.monotonic() - started
-        return {"results": results(output_dir), "text": job.text(), "left": job.left(10), "seconds": seconds}
+        checkpoints = shutil.copytree(os.path.join(output_dir, "checkpoints"), workdir / "checkpoints")
+        return {"results": results(output_dir), "text": job.text(), "left": job.left(10), "seconds": seconds,
+                "checkpoints": str(checkpoints)}
     finally:
         if job:
             job.close()
@@ -218,10 +249,9 @@ def test_a_host_lost_mid_epoch(slurm, synthetic_corpus, uninterrupted, tmp_path)
 
 def test_the_time_limit_signal(slurm, synthetic_corpus, uninterrupted, tmp_path):
     """The time limit's warning, SIGUSR1 to the batch shell alone (--signal=B:USR1),
-    while both ranks stand before step 6 of epoch 0: the script hands it on through
-    mpirun, the ranks save at the step where they agree to stop and exit 138, the
-    script requeues the job, and the next run continues from the step after the
-    last one taken."""
+    while both ranks stand before step 7 of epoch 1: the script hands it on to
+    the rank on its node, the ranks save after that step and stop, the script
+    requeues the job, and the next run continues from the step after it."""
     out = tmp_path / "out"
     release = tmp_path / "release"
     job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], out),
@@ -229,21 +259,132 @@ def test_the_time_limit_signal(slurm, synthetic_corpus, uninterrupted, tmp_path)
     try:
         job.wait_output(lambda text: all_paused(text, ranks=(0, 1), where="epoch 0 step 6"), 120, "pause")
         slurm.command("scancel", "--batch", "--signal=USR1", job.id)
-        job.wait_output(lambda text: "train.sbatch: SIGUSR1" in text, 30, "the script's forward")
+        job.wait_output(lambda text: HANDED_ON in text, 30, "the script's hand-on")
         release.write_text("")
         job.finished(150, restarts=1)
     finally:
         job.close()
     text = job.text()
-    assert "the ranks stopped on a signal (exit status 138); requeueing job" in text, text[-3000:]
-    # mpirun forwards the signal when it does: the ranks may take a step or two more.
-    stops = set(re.findall(r"stopped by signal at epoch 1 step (\d+);", text))  # a line from each rank
-    assert len(stops) == 1, text[-3000:]
-    stop = int(stops.pop())
-    assert stop >= 7, text[-3000:]
+    assert re.search(r"the ranks stopped on SIGUSR1 at ckpt-7 \(exit status \d+\); requeueing job", text), text[-3000:]
+    assert len(re.findall(r"stopped by signal at epoch 1 step 7;", text)) == 2, text[-3000:]  # a line from each rank
     first, second = job.runs()
-    assert first[-1] == (0, stop - 1) and second[0] == (0, stop), (first[-3:], second[:3])
+    assert first[-1] == (0, 6) and second[0] == (0, 7), (first[-3:], second[:3])
     assert_resumed_equal(job, out, uninterrupted)
+
+
+def open_when_read(fifo, timeout):
+    """A write end of the named pipe `fifo`, once some process opens it to read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as err:
+            if err.errno != errno.ENXIO:  # no reader yet
+                raise
+        if time.monotonic() > deadline:
+            pytest.fail(f"nothing read {fifo} in {timeout} s")
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+def test_a_signal_before_mpirun_starts(slurm, synthetic_corpus, uninterrupted, tmp_path):
+    """SIGUSR1 reaches the batch shell while it reads the newest checkpoint's name,
+    before it starts mpirun: the script hands the signal on once the rank on
+    its node can take it (the ranks pause before their first step), and the
+    ranks save after that step and stop; the job is requeued and resumes.
+
+    The checkpoint folder's state file is a named pipe, so the script's read
+    waits until the test has sent the signal and closes the pipe; the pipe is
+    gone from the folder before the read ends, and the ranks start afresh."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    state_file = out / "checkpoints" / "checkpoint"
+    os.mkfifo(state_file)
+    release = tmp_path / "release"
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], out),
+              hooks=pause_hooks(release, ranks=(0, 1), epoch=0, step=0))
+    try:
+        pipe = open_when_read(state_file, 60)
+        try:
+            state_file.unlink()
+            os.kill(job.batch_shell(), signal.SIGUSR1)
+        finally:
+            os.close(pipe)
+        job.wait_output(lambda text: all_paused(text, ranks=(0, 1), where="epoch 0 step 0") and HANDED_ON in text,
+                        150, "pause and hand-on")
+        release.write_text("")
+        job.finished(150, restarts=1)
+    finally:
+        job.close()
+    text = job.text()
+    assert len(re.findall(r"stopped by signal at epoch 1 step 1;", text)) == 2, text[-3000:]
+    assert re.search(r"the ranks stopped on SIGUSR1 at ckpt-1 \(exit status \d+\); requeueing job", text), text[-3000:]
+    first, second = job.runs()
+    assert first == [(0, 0)] and second[0] == (0, 1), (first, second[:3])
+    assert_resumed_equal(job, out, uninterrupted)
+
+
+def test_ranks_that_fail_after_the_signal(slurm, synthetic_corpus, tmp_path):
+    """The time limit's warning while both ranks stand before step 7 of epoch 1,
+    and rank 0 is killed (SIGKILL, as the OOM killer does) as it starts the
+    checkpoint of its stop: the ranks failed, they did not stop, so the script
+    does not requeue the job, and says why in one line."""
+    release = tmp_path / "release"
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], tmp_path / "out"),
+              hooks=[*pause_hooks(release, ranks=(0, 1), epoch=0, step=6),
+                     "--fault", "rank=0,epoch=0,step=7,mode=kill,at=checkpoint"])
+    try:
+        job.wait_output(lambda text: all_paused(text, ranks=(0, 1), where="epoch 0 step 6"), 120, "pause")
+        slurm.command("scancel", "--batch", "--signal=USR1", job.id)
+        job.wait_output(lambda text: HANDED_ON in text, 30, "the script's hand-on")
+        release.write_text("")
+        fields, _ = job.wait(lambda f: f["JobState"] in ENDED, 90, "end")
+        left = job.left(15)
+    finally:
+        job.close()
+    text = job.text()
+    assert "fault injection: rank 0 kill at the checkpoint at epoch 0 step 7" in text, text[-3000:]
+    assert (fields["JobState"], fields["Restarts"], left) == ("FAILED", "0", []), text[-3000:]
+    lines = re.findall(r"train\.sbatch: .*requeueing.*", text)
+    assert len(lines) == 1 and re.fullmatch(
+        rf"train\.sbatch: not requeueing job {job.id}: the ranks failed after SIGUSR1 instead of stopping on it "
+        rf"\(exit status {fields['ExitCode'].split(':')[0]}, no stop line; their errors are above\)", lines[0]), lines
+
+
+@pytest.mark.timeout(420)
+def test_a_job_that_stops_without_progress(slurm, synthetic_corpus, uninterrupted, tmp_path):
+    """A job that resumes from one fixed checkpoint (--resume ckpt-20, which wins
+    over the script's --resume auto) stops on the warning at the same step in
+    each run: its first run is requeued, but its second, once the job has been
+    requeued REQUEUE_LIMIT (1) times, left the newest checkpoint (ckpt-26) where
+    it found it, and the script ends the job with one line."""
+    out = tmp_path / "out"
+    resume = os.path.join(uninterrupted["checkpoints"], "ckpt-20")
+    releases = [tmp_path / f"release.{run}" for run in range(2)]
+    job = Job(slurm, tmp_path, train_args(synthetic_corpus[0], out, "--resume", resume),
+              hooks_per_run=[pause_hooks(release, ranks=(0, 1), epoch=1, step=5) for release in releases],
+              env={"REQUEUE_LIMIT": "1"})
+    try:
+        for run, release in enumerate(releases):
+            job.wait_output(lambda text: text.count("paused at epoch 1 step 5 ") == 2 * (run + 1), 150,
+                            f"the pause of run {run}")
+            slurm.command("scancel", "--batch", "--signal=USR1", job.id)
+            job.wait_output(lambda text: text.count(HANDED_ON) == run + 1, 30, f"the hand-on of run {run}")
+            release.write_text("")
+        fields, _ = job.wait(lambda f: f["JobState"] in ENDED, 90, "end")
+        left = job.left(15)
+    finally:
+        job.close()
+    text = job.text()
+    assert (fields["JobState"], fields["Restarts"], left) == ("FAILED", "1", []), text[-3000:]
+    assert len(re.findall(r"stopped by signal at epoch 2 step 6; checkpoint \S+/ckpt-26\.", text)) == 4, text[-3000:]
+    lines = re.findall(r"train\.sbatch: .*requeueing.*", text)
+    assert len(lines) == 2 and re.fullmatch(
+        rf"train\.sbatch: the ranks stopped on SIGUSR1 at ckpt-26 \(exit status \d+\); requeueing job {job.id}",
+        lines[0]) and lines[1] == (
+        f"train.sbatch: not requeueing job {job.id}: this run left the newest checkpoint where it found it "
+        "(ckpt-26), after 1 requeues (REQUEUE_LIMIT=1)"), lines
+    assert [steps[0] for steps in job.runs()] == [(1, 0), (1, 0)]
 
 
 def test_scancel(slurm, synthetic_corpus, tmp_path):
