@@ -350,8 +350,9 @@ class Watchdog:
                         self.heard[rank] = self.moved[rank] = now
             last = now
             mine = self._send()
+            now = time.monotonic()
             with self.lock:
-                self._record(self.rank, mine, time.monotonic())
+                self._record(self.rank, mine, now)
             verdict = self.verdict(now)
             if verdict:
                 self._end(*verdict)
