@@ -6,17 +6,20 @@
     python bench.py --report_from F.json # rewrites the report from a saved --json run
 
 It measures, each in a fresh process so that peak RSS and thread settings
-belong to one measurement: the fp32 (and bf16) matmul ceiling; ms/step and
-words/s of the small and medium training steps in one process; 1 rank x 2
+belong to one measurement: the fp32 and bf16 matmul ceilings; ms/step and
+words/s of the small (in float32 and mixed_bfloat16, the latter also as a
+share of the bf16 ceiling) and medium training steps in one process; 1 rank x 2
 threads against 2 ranks x 1 thread under mpirun (over TCP and shared
 memory), the same 2 ranks with no communication, and the step's collectives
 with no compute; the CPU time of Horovod's own threads and the time a step
 spends in Horovod collectives (from a Horovod timeline); analytic FLOPs per
 step and the share of the ceiling; and the PyTorch reference LM if its venv
-exists. Timings are medians over repeated windows of steps, after warm-up
-steps; the spread is the min..max of the windows. The measurements whose
-ratios are goals alternate in rounds, and a goal is the median of its
-per-round ratios, since this kind of host drifts by more than the
+exists, in fp32 and under torch.autocast in bf16 (benchmarks/torch_reference.py).
+The header names the CPU, its family and model and its matmul flags.
+Timings are medians over repeated windows of steps, after warm-up steps;
+the spread is the min..max of the windows. The measurements whose ratios
+are goals alternate in rounds, and a goal is the median of its per-round
+ratios, since this kind of host drifts by more than the
 differences being measured.
 
 The work is in benchmarks/: analytic.py (the step's FLOPs and bytes, the

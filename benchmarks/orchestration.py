@@ -32,6 +32,8 @@ MCA = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_disable_family": "6", "mpi_yiel
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")  # the team's data and reference, beside the clone
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", os.path.join(ROOT, ".venv-torch", "bin", "python"))
 TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", os.path.join(SHARED, "bench", "torch_ref_lm.py"))
+# Runs TORCH_REFERENCE as it is, or with --bf16 under torch.autocast.
+TORCH_WRAPPER = os.path.join(ROOT, "benchmarks", "torch_reference.py")
 VADER = {"btl": "vader,self"}  # Open MPI's shared memory, its default between ranks on one host
 
 
@@ -84,32 +86,47 @@ def run_unsynced(task, ranks=2, timeout=900):
     return slowest
 
 
-def torch_reference(data_path, steps=300):
-    """words/s of the PyTorch reference LM (1 epoch capped at `steps` steps), or None without its venv."""
+def torch_reference(data_path, steps=300, bf16=False):
+    """words/s of the PyTorch reference LM (1 epoch capped at `steps` steps), or None without its venv.
+
+    bf16: under torch.autocast("cpu", dtype=torch.bfloat16) around its forward pass and loss
+    (benchmarks/torch_reference.py), the counterpart of our precision=mixed_bfloat16.
+    """
     if not (os.path.exists(TORCH_PYTHON) and os.path.exists(TORCH_REFERENCE)):
         return None
-    proc = subprocess.run([TORCH_PYTHON, TORCH_REFERENCE, data_path, "1", str(steps)],
-                          capture_output=True, text=True, timeout=900)
+    command = [TORCH_PYTHON, TORCH_WRAPPER, *(["--bf16"] if bf16 else []), TORCH_REFERENCE, data_path, "1", str(steps)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     match = re.search(r"wps (\d+)", proc.stdout)
     if not match:
         raise RuntimeError(f"torch reference failed ({proc.returncode}): {proc.stderr[-2000:]}")
     torch_version = subprocess.run([TORCH_PYTHON, "-c", "import torch; print(torch.__version__)"],
                                    capture_output=True, text=True).stdout.strip()
-    return {"words_per_s": float(match.group(1)), "torch": torch_version, "steps": steps}
+    return {"words_per_s": float(match.group(1)), "torch": torch_version, "steps": steps,
+            "precision": "bf16 autocast" if bf16 else "fp32"}
 
 
-def cpu_description():
-    """The CPU's model name and the vector extensions that decide matmul speed, from /proc/cpuinfo."""
+# The flags that decide matmul speed, in the order the bench's header lists them.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "hypervisor")
+
+
+def cpu_description(cpuinfo="/proc/cpuinfo"):
+    """The CPU's model name, family and model numbers and the flags that decide matmul speed (the
+    vector extensions; "hypervisor" under a virtual machine), from /proc/cpuinfo."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             info = f.read()
     except OSError:
         return "unknown CPU"
-    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
-    present = [flag for flag in wanted if flags and flag in flags.group(1).split()]
-    return f"{model.group(1).strip() if model else 'unknown CPU'} ({', '.join(present) or 'no AVX2'})"
+
+    def field(name):
+        found = re.search(rf"^{name}\s*:\s*(.+)$", info, re.M)
+        return found.group(1).strip() if found else None
+
+    flags = (field("flags") or "").split()
+    present = [flag for flag in CPU_FLAGS if flag in flags]
+    numbers = [f"{label} {field(name)}" for label, name in (("family", "cpu family"), ("model", "model"))
+               if field(name)]
+    return f"{field('model name') or 'unknown CPU'} ({', '.join(numbers + (present or ['no AVX2']))})"
 
 
 def _stopped(pid):
@@ -189,11 +206,13 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         ("hvd_2x1_vader", lambda: run_worker(distributed, ranks=2, mca=VADER)),
         ("collectives_2x1", lambda: run_worker(collectives, ranks=2)),
         ("collectives_2x1_vader", lambda: run_worker(collectives, ranks=2, mca=VADER))]
-    measurements.append(("small_bf16", lambda: run_worker({**train, "overrides": ["precision=mixed_bfloat16"]})))
+    bf16 = {**train, "overrides": ["precision=mixed_bfloat16"]}
+    measurements.append(("small_bf16", lambda: run_worker(bf16)))
     if data_path:
         # In the rounds as well: a single reference run swung from 5.6k to 7.2k words/s between
         # benches on the same machine, more than the goal's margin.
         measurements.append(("torch", lambda: torch_reference(data_path, torch_steps)))
+        measurements.append(("torch_bf16", lambda: torch_reference(data_path, torch_steps, bf16=True)))
         # The loop reads the corpus files, so it needs PTB.
         measurements.append(("small_loop", lambda: run_worker({**train, "kind": "loop"})))
     if levers:
@@ -202,6 +221,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
             ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
             ("small_tf_ops_cell", lambda: run_worker({**train, "tf_ops": ["cell"]})),
+            ("small_bf16_tf_ops_cell", lambda: run_worker({**bf16, "tf_ops": ["cell"]})),
             ("small_row_groups", lambda: run_worker({**train, "row_groups": 2})),
             ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,
@@ -210,7 +230,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
     results["rounds"] = interleave(measurements, 1 if quick else rounds)
     for name, _ in measurements:
         per_round = [round_results[name] for round_results in results["rounds"]]
-        results[name] = merge_torch_rounds(per_round) if name == "torch" else merge_rounds(per_round)
+        results[name] = merge_torch_rounds(per_round) if name.startswith("torch") else merge_rounds(per_round)
     results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):

@@ -8,7 +8,7 @@ import shlex
 import statistics
 
 from benchmarks.analytic import gradient_bytes, predict_step
-from benchmarks.orchestration import MCA, MPIRUN, ROOT, TORCH_REFERENCE
+from benchmarks.orchestration import MCA, MPIRUN, ROOT, TORCH_REFERENCE, TORCH_WRAPPER
 
 MARK_BEGIN, MARK_END = "<!-- bench:begin -->", "<!-- bench:end -->"
 # The goals of issue 6.
@@ -39,6 +39,21 @@ def ceiling(results):
     return max(candidates, key=lambda c: c[0])
 
 
+def bf16_ceiling(results):
+    """The bf16 matmul ceiling in GFLOP/s (the fastest square size measured), None if not measured."""
+    mm = results.get("matmul", {})
+    sizes = mm.get("bfloat16_by_size") or ({"2048": mm["bfloat16"]} if "bfloat16" in mm else {})
+    return max(median for median, _, _ in sizes.values()) if sizes else None
+
+
+def bf16_text(mm):
+    """The bf16 ceiling measured, e.g. '590 GFLOP/s (the fastest of 1024^3: ..., 2048^3: ...)'."""
+    sizes = mm.get("bfloat16_by_size") or {"2048": mm["bfloat16"]}
+    best = max(sizes, key=lambda n: sizes[n][0])
+    parts = ", ".join(f"{n}^3: {_fmt(sizes[n], 0)}" for n in sizes)
+    return f"{sizes[best][0]:.0f} GFLOP/s (the fastest of {parts})" if len(sizes) > 1 else f"{parts} GFLOP/s"
+
+
 def ceiling_text(results):
     """The ceiling and every candidate for it, e.g. '148 GFLOP/s (the step's matmuls alone; 1024^3: ...)'."""
     top, _, source = ceiling(results)
@@ -58,6 +73,7 @@ ROW_LABELS = [
     ("small_tf_ops_loss", "small, 1 process, the softmax loss as TF ops (no fused loss kernel)"),
     ("small_tf_ops_cell", "small, 1 process, the LSTM as TF ops (no fused LSTM kernel)"),
     ("small_bf16", "small, mixed_bfloat16"),
+    ("small_bf16_tf_ops_cell", "small, mixed_bfloat16, the LSTM as TF ops (no fused bf16 LSTM kernel)"),
     ("medium", "medium, 1 process, 2 threads"),
     ("hvd_1x2", "small, Horovod 1 rank x 2 threads"),
     ("hvd_2x1", "small, Horovod 2 ranks x 1 thread, TCP (as between hosts)"),
@@ -83,6 +99,7 @@ LEVERS = [
     ("small_row_groups", "small"),
     ("small_tf_ops_loss", "small"),
     ("small_tf_ops_cell", "small"),
+    ("small_bf16_tf_ops_cell", "small_bf16"),
     ("hvd_2x1_cycle1ms", "hvd_2x1"),
     ("hvd_2x1_fusion", "hvd_2x1"),
     ("hvd_2x1_fp16", "hvd_2x1")]
@@ -108,8 +125,8 @@ def lever_rows(results):
 
 def table_rows(results):
     """The table as (row name, ms/step, CPU ms/step per rank, words/s, GFLOP/s, % of fp32 ceiling, comm ms,
-    peak RSS MB per rank)."""
-    top = ceiling(results)[0]
+    peak RSS MB per rank). The mixed_bfloat16 rows add their share of the bf16 ceiling."""
+    top, top_bf16 = ceiling(results)[0], bf16_ceiling(results)
     rows = []
     for key, label in ROW_LABELS:
         r = results.get(key)
@@ -124,9 +141,11 @@ def table_rows(results):
         cpu = " / ".join(f"{ms:.0f}" for ms in r["cpu_ms_per_step"])
         if r.get("horovod_cpu_ms_per_step"):
             cpu += f" ({' / '.join(f'{ms:.0f}' for ms in r['horovod_cpu_ms_per_step'])})"
+        share = f"{100 * gflops / top:.0f}%"
+        if key.startswith("small_bf16") and top_bf16:
+            share += f" ({100 * gflops / top_bf16:.0f}% of bf16)"
         rows.append((label, _fmt(r["ms_per_step"]), cpu,
-                     _fmt(r["words_per_s"], 0), f"{gflops:.0f}",
-                     f"{100 * gflops / top:.0f}%",
+                     _fmt(r["words_per_s"], 0), f"{gflops:.0f}", share,
                      f"{comm['collective']:.1f} / {comm['comm']:.1f}" if comm and r["ranks"] > 1 else "-",
                      " / ".join(f"{mb:.0f}" for mb in r["peak_rss_mb"])))
     bound = results.get("bound")
@@ -220,16 +239,37 @@ def scaling_rows(results, ranks=(2, 8, 64), bandwidths=(10, 100), latency_us=20.
 
 
 def torch_line(results):
-    """The report's sentence on the PyTorch reference against our small step."""
+    """The report's sentence on the PyTorch reference, fp32 and bf16, against our small step."""
     t = results.get("torch")
     if not t:
         return "PyTorch reference: not run (no venv at TORCH_PYTHON or no PTB data)."
-    rounds = t.get("rounds_words_per_s", [t["words_per_s"]])
-    spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
-    return (f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
-            f"{t['steps']} steps a run, timed in the same run as ours): "
-            f"**{t['words_per_s']:.0f} words/s**{spread_text}; "
-            f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**.")
+
+    def words(reference):
+        rounds = reference.get("rounds_words_per_s", [reference["words_per_s"]])
+        spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
+        return f"**{reference['words_per_s']:.0f} words/s**{spread_text}"
+
+    line = (f"PyTorch {t['torch']} reference (`{os.path.basename(TORCH_REFERENCE)}`, nn.LSTM, same model, "
+            f"{t['steps']} steps a run, timed in the same run as ours): {words(t)}")
+    ours = f"ours (small, 1 process): **{results['small']['words_per_s'][0]:.0f} words/s**"
+    bf16, small_bf16 = results.get("torch_bf16"), results.get("small_bf16")
+    if bf16:
+        line += (f"; in bf16 (`benchmarks/{os.path.basename(TORCH_WRAPPER)} --bf16`: torch.autocast(\"cpu\", "
+                 f"dtype=torch.bfloat16) around the forward pass and loss): {words(bf16)}")
+    if small_bf16:
+        ours += f", in mixed_bfloat16 **{small_bf16['words_per_s'][0]:.0f} words/s**"
+    return f"{line}; {ours}."
+
+
+def bf16_line(results):
+    """The sentence on the mixed_bfloat16 step against the bf16 ceiling, or '' without both."""
+    r, top_bf16 = results.get("small_bf16"), bf16_ceiling(results)
+    if not (r and top_bf16):
+        return ""
+    gflops = r["flops_per_step"] / r["ms_per_step"][0] / 1e6
+    return (f"The mixed_bfloat16 small step ({r.get('cell', 'its')} LSTM cell) runs its matmul FLOPs at "
+            f"{gflops:.0f} GFLOP/s: {gflops / top_bf16:.1%} of the bf16 ceiling ({top_bf16:.0f} GFLOP/s) and "
+            f"{gflops / ceiling(results)[0]:.1%} of the fp32 ceiling.")
 
 
 def render(results, command):
@@ -247,8 +287,7 @@ def render(results, command):
         lines += ["**Not a quiet machine:** lm_ptb training was running during the benchmark, "
                   "so the numbers below are lower than an idle machine would give:", ""]
         lines += [f"    {line[:150]}" for line in sorted(set(results["busy_before"] + results["busy_after"]))] + [""]
-    lines += [f"fp32 matmul ceiling, 2 threads: **{ceiling_text(results)}**; "
-              f"bf16 (2048^3): {_fmt(mm['bfloat16'], 0)} GFLOP/s.", "",
+    lines += [f"fp32 matmul ceiling, 2 threads: **{ceiling_text(results)}**; bf16: {bf16_text(mm)}.", "",
               "| step | ms/step | CPU ms/step per rank (Horovod's thread) | words/s | GFLOP/s | % fp32 ceiling "
               "| collective / transfer ms per step | peak RSS MB per rank |", "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
@@ -268,7 +307,9 @@ def render(results, command):
               "Collective ms is rank 0's "
               "time inside Horovod collectives after negotiation (Horovod timeline), transfer ms the MPI "
               "part of it.", ""]
-    lines += [torch_line(results), ""]
+    for line in (bf16_line(results), torch_line(results)):
+        if line:
+            lines += [line, ""]
     levers = lever_rows(results)
     if levers:
         lines += ["Each lever against its baseline, both in the same alternating rounds: the median of the "
@@ -323,12 +364,15 @@ def print_table(results):
     header = ("step", "ms/step", "CPU ms/rank (Horovod)", "words/s", "GFLOP/s", "%ceil", "coll/xfer ms", "RSS MB/rank")
     rows = [header] + table_rows(results)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    mm = results["matmul"]
-    print(f"fp32 matmul ceiling {ceiling_text(results)}; bf16 {_fmt(mm['bfloat16'], 0)} GFLOP/s")
+    print(f"CPU: {results.get('cpu', 'not recorded')}, {results.get('cores', '?')} cores")
+    print(f"fp32 matmul ceiling {ceiling_text(results)}; bf16 {bf16_text(results['matmul'])}")
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
-    if results.get("torch"):
-        print(f"PyTorch reference {results['torch']['words_per_s']:.0f} words/s")
+    if bf16_line(results):
+        print(bf16_line(results))
+    for key, name in (("torch", "fp32"), ("torch_bf16", "bf16 autocast")):
+        if results.get(key):
+            print(f"PyTorch reference, {name}: {results[key]['words_per_s']:.0f} words/s")
     for lever, base, wall, cpu in lever_rows(results):
         print(f"lever {lever}: against {base}: ms/step {wall}, CPU ms/step {cpu}")
     for text, value, met in goals(results):

@@ -384,8 +384,8 @@ def worker(argv):
         result = {}
         for dtype in task["dtypes"]:
             # One size can hit a poor blocking on a given CPU (on one machine 2048^3 ran at 70% of
-            # 3072^3), so the fp32 ceiling is the fastest of a few.
-            sizes = task.get("sizes", [2048]) if dtype == "float32" else [2048]
+            # 3072^3), so each ceiling is the fastest of a few.
+            sizes = task.get("sizes", [2048])
             by_size = {n: matmul_gflops(n=n, dtype=dtype, repeats=task["repeats"]) for n in sizes}
             best = max(sizes, key=lambda n: by_size[n][0][0])
             result[dtype], result[dtype + "_per_cpu_s"] = by_size[best]
