@@ -8,13 +8,17 @@ RNG state there is. The LSTM state is kept for the global batch, not per rank,
 so a 2-rank checkpoint resumes on 1 rank (and back) at the same global batch.
 """
 import dataclasses
+import functools
 import json
 import logging
 import os
 import re
+import struct
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import tensor_bundle_pb2
 
 from core.atomic_files import atomic_write
 from core.errors import CheckpointError
@@ -26,11 +30,12 @@ _FILE = re.compile(r"(ckpt-\d+)\.(?:index|data-\d+-of-\d+)")
 
 
 def _reason(err):
-    """The cause in one line, without TensorFlow's op decorations and temporary file names."""
+    """The cause in one line, without TensorFlow's op decorations, temporary file names and the
+    file and tensor size that a checksum mismatch names."""
     if not isinstance(err, tf.errors.OpError):
         return str(err).splitlines()[0]
     text = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", err.message.splitlines()[0]).strip()
-    return text.rsplit("; ", 1)[-1]
+    return re.sub(r"^TensorBundle at \S+ shard \d+ \(\d+ bytes\): ", "", text.rsplit("; ", 1)[-1])
 
 
 @dataclasses.dataclass
@@ -91,26 +96,107 @@ def checkpoints_in(directory):
     return [os.path.join(directory, name) for name in sorted(names, key=lambda n: -int(n[5:]))], False
 
 
-def _damage(path):
-    """Why the checkpoint at `path` does not read whole (a missing or cut file, a
-    checksum that does not match), or "" when every tensor in it reads."""
+# TensorFlow's table format (tensorflow/core/lib/io/format.h), in which a checkpoint's .index is
+# written: a 48-byte footer ends the file, with the index block's handle and this magic number.
+_FOOTER_BYTES, _TABLE_MAGIC = 48, 0xdb4775248b80fb57
+# What reading a checkpoint raises when its bytes do not read back as written.
+_UNREADABLE = (tf.errors.DataLossError, tf.errors.OutOfRangeError)
+# What parsing an index that is not one raises.
+_INDEX_ERRORS = (ValueError, IndexError, struct.error, DecodeError)
+
+
+class Unreadable(Exception):
+    """A checkpoint's bytes do not read back as written: a checksum that does not match, a cut file."""
+
+
+def _varint(buf, pos):
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _table_block(table, handle):
+    """The (key, value) entries of the block of `table` (a file's bytes) that `handle` points to."""
+    offset, pos = _varint(handle, 0)
+    size, _ = _varint(handle, pos)
+    if offset + size + 5 > len(table) or table[offset + size] != 0:  # the trailer's compression type: none
+        raise ValueError("a cut or compressed block")
+    block = table[offset:offset + size]
+    restarts, = struct.unpack_from("<I", block, size - 4)
+    end, pos, key = size - 4 - 4 * restarts, 0, b""
+    while pos < end:
+        shared, pos = _varint(block, pos)
+        unshared, pos = _varint(block, pos)
+        length, pos = _varint(block, pos)
+        key = key[:shared] + block[pos:pos + unshared]
+        pos += unshared
+        yield key, block[pos:pos + length]
+        pos += length
+
+
+def _index(path):
+    """(shard count, [BundleEntryProto]) of the checkpoint at `path`, from its .index alone;
+    raises OSError, or one of _INDEX_ERRORS for an index that does not parse."""
+    with open(path + ".index", "rb") as f:
+        table = f.read()
+    footer = table[-_FOOTER_BYTES:]
+    if len(footer) != _FOOTER_BYTES or struct.unpack_from("<Q", footer, _FOOTER_BYTES - 8)[0] != _TABLE_MAGIC:
+        raise ValueError("no table footer")
+    _, pos = _varint(footer, _varint(footer, 0)[1])  # past the (empty) metaindex block's handle
+    header, entries = None, []
+    for _, handle in _table_block(table, footer[pos:]):
+        for key, value in _table_block(table, handle):
+            if key:
+                entries.append(tensor_bundle_pb2.BundleEntryProto.FromString(value))
+            else:
+                header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+    if header is None:
+        raise ValueError("no header entry")
+    return header.num_shards, entries
+
+
+def _cut_files(path):
+    """Why the checkpoint at `path` cannot read whole, told by its index and its files' sizes
+    alone (a missing, cut or unparsable file), or "". What only reading finds, a checksum that
+    does not match, the restore finds."""
     if not os.path.exists(path + ".index"):
         return "its .index file is missing"
     try:
-        reader = tf.train.load_checkpoint(path)
-        for name in reader.get_variable_to_shape_map():
-            reader.get_tensor(name)
-    except (tf.errors.OpError, ValueError, IndexError, OSError) as err:
-        return _reason(err)
+        shards, entries = _index(path)
+    except OSError as err:
+        return f"its .index file cannot be read ({err.strerror})"
+    except _INDEX_ERRORS:
+        return "its .index file does not parse"
+    needed = {}
+    for entry in entries:
+        needed[entry.shard_id] = max(needed.get(entry.shard_id, 0), entry.offset + entry.size)
+    for shard, size in sorted(needed.items()):
+        name = f"{os.path.basename(path)}.data-{shard:05d}-of-{shards:05d}"
+        try:
+            held = os.path.getsize(os.path.join(os.path.dirname(path), name))
+        except OSError:
+            return f"{name} is missing"
+        if held < size:
+            return f"{name} holds {held} of the {size} bytes that its index records"
     return ""
 
 
-def newest_whole(directory, repair=False):
-    """The newest checkpoint in `directory` that reads whole, or None when it holds
-    none at all; says in one line what it passed over and why. With `repair`,
-    a state file that did not parse, or that names a damaged checkpoint, is
-    replaced by one listing what the resumed run continues from, so that its
-    manager rotates those out in turn. Damaged files stay.
+def newest_whole(directory, load=lambda path: path, repair=False):
+    """load(path) for the newest checkpoint in `directory` that reads whole, or None when it
+    holds none at all; says in one line what it passed over and why.
+
+    A checkpoint whose files are missing or cut, by its index, is passed over
+    unread; one that load reads and finds damaged (load raises Unreadable) too.
+    The default load reads nothing: it returns the path of the newest checkpoint
+    whose files are whole. With `repair`, a state file that did not parse, or
+    that names a damaged checkpoint, is replaced by one listing what the resumed
+    run continues from, so that its manager rotates those out in turn. Damaged
+    files stay.
     """
     paths, from_state = checkpoints_in(directory)
     state_file = os.path.join(directory, "checkpoint")
@@ -118,7 +204,12 @@ def newest_whole(directory, repair=False):
         [f"{state_file} does not parse, so the checkpoints were found by their files"]
     skipped = []
     for index, path in enumerate(paths):
-        damage = _damage(path)
+        damage = _cut_files(path)
+        if not damage:
+            try:
+                loaded = load(path)
+            except Unreadable as err:
+                damage = str(err)
         if damage:
             skipped.append(f"{os.path.basename(path)} ({damage})")
             continue
@@ -132,7 +223,7 @@ def newest_whole(directory, repair=False):
             # CheckpointState's text format, with names relative to the folder as the manager writes them.
             atomic_write(state_file, "".join([f'model_checkpoint_path: "{kept[-1]}"\n'] +
                                              [f'all_model_checkpoint_paths: "{name}"\n' for name in kept]).encode())
-        return path
+        return loaded
     if not paths:
         return None
     raise CheckpointError(f"--resume: no checkpoint in {directory} reads whole: {'; '.join(skipped)}; copy the "
@@ -222,30 +313,41 @@ class TrainCheckpoint:
         return path
 
     def _restore(self, resume, global_batch):
+        load = functools.partial(self._load, global_batch=global_batch)
         if resume in ("latest", "auto") or os.path.isdir(resume):
             directory = self.directory if resume in ("latest", "auto") else resume
-            path = newest_whole(directory, repair=directory == self.directory)
-            if path is None:
+            position = newest_whole(directory, load, repair=directory == self.directory)
+            if position is None:
                 if resume == "auto":
                     return Position(global_batch)
                 raise CheckpointError(f"--resume: no checkpoint in {directory}; train without --resume first, "
                                       "or pass --resume PATH to a checkpoint")
-        else:
-            path = resume
-            damage = _damage(path)
-            if damage:
-                raise CheckpointError(f"--resume: cannot read checkpoint {path}: {damage}")
+            return position
+        damage = _cut_files(resume)
+        if not damage:
+            try:
+                return load(resume)
+            except Unreadable as err:
+                damage = str(err)
+        raise CheckpointError(f"--resume: cannot read checkpoint {resume}: {damage}")
+
+    def _load(self, path, global_batch):
+        """The position of the checkpoint at `path`, with the weights restored from it: each
+        tensor read once. Raises Unreadable when its bytes do not read back as written (the
+        variables may then hold some of its values: a later restore sets every one), and
+        CheckpointError when it is no checkpoint of this run."""
         try:
             reader = tf.train.load_checkpoint(path)
             saved_batch = int(reader.get_tensor("global_batch/.ATTRIBUTES/VARIABLE_VALUE"))
+            has_seed = reader.has_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE")
+            saved_seed = int(reader.get_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE")) if has_seed else None
+        except _UNREADABLE as err:
+            raise Unreadable(_reason(err)) from None
         except (tf.errors.OpError, ValueError) as err:
             raise CheckpointError(f"--resume: {path} is no checkpoint of this suite: {_reason(err)}") from None
-        has_seed = reader.has_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE")
-        if self.run_seed is not None and has_seed:
-            saved_seed = int(reader.get_tensor("seed/.ATTRIBUTES/VARIABLE_VALUE"))
-            if saved_seed != self.run_seed:
-                raise CheckpointError(f"--resume: {path} was trained with --seed {saved_seed}, this run has "
-                                      f"--seed {self.run_seed}; pass --seed {saved_seed} to continue it exactly")
+        if self.run_seed is not None and has_seed and saved_seed != self.run_seed:
+            raise CheckpointError(f"--resume: {path} was trained with --seed {saved_seed}, this run has "
+                                  f"--seed {self.run_seed}; pass --seed {saved_seed} to continue it exactly")
         # Checked before restoring, so that the message names the reason.
         if saved_batch != global_batch:
             raise CheckpointError(
@@ -258,6 +360,8 @@ class TrainCheckpoint:
             # Keras kept for plain SGD: values nothing here reads.
             status = (self.checkpoint if has_seed else self.seedless_checkpoint).restore(path)
             status.assert_existing_objects_matched().expect_partial()
+        except _UNREADABLE as err:
+            raise Unreadable(_reason(err)) from None
         except (tf.errors.OpError, ValueError, AssertionError) as err:
             raise CheckpointError(f"--resume: {path} does not fit this run's model ({_reason(err)}); resume with "
                                   "the --config and --set it was trained with") from None

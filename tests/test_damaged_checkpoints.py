@@ -2,14 +2,17 @@
 
 One run, stopped by SIGTERM at step 7 of epoch 2, leaves ckpt-12, ckpt-16 and
 ckpt-19 (every 4 steps, epoch ends and the stop). Each damage a full disk, a
-cut copy or a node that died mid-write leaves is made on a copy of that
-folder, then `--resume` runs there. It must end with exactly the weights and
-perplexities of an undamaged resume from the checkpoint it fell back on, and
-say in one line what it passed over. A fresh run never rotates out a
-folder's checkpoints unless told to.
+cut copy, a node that died mid-write or bit rot leaves is made on a copy of
+that folder, then `--resume` runs there. It must end with exactly the weights
+and perplexities of an undamaged resume from the checkpoint it fell back on,
+and say in one line what it passed over: a cut or missing file is told by the
+index before anything is read, a checksum that does not match by the restore
+itself, whose values the fallback's restore then replaces. A fresh run never
+rotates out a folder's checkpoints unless told to.
 """
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -92,28 +95,56 @@ def fresh(tmp_path_factory, synthetic_corpus):
     return out
 
 
+DATA = "ckpt-{}.data-00000-of-00001"
+
+
 def truncate_newest_data(checkpoints):
-    data = checkpoints / "ckpt-19.data-00000-of-00001"
+    data = checkpoints / DATA.format(19)
     with open(data, "r+b") as f:
         f.truncate(os.path.getsize(data) // 2)
+
+
+def flip_a_byte_of_the_newest_data(checkpoints):
+    """Bit rot: the files keep their sizes, and only reading finds the damage."""
+    data = checkpoints / DATA.format(19)
+    with open(data, "r+b") as f:
+        f.seek(os.path.getsize(data) // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0xFF]))
 
 
 def remove_newest_index(checkpoints):
     os.remove(checkpoints / "ckpt-19.index")
 
 
+def cut_newest_index(checkpoints):
+    index = checkpoints / "ckpt-19.index"
+    with open(index, "r+b") as f:
+        f.truncate(os.path.getsize(index) // 2)
+
+
 def garble_state_file(checkpoints):
     (checkpoints / "checkpoint").write_bytes(b"model_checkpoint_path: \"ckpt-19\n\x00\xff")
 
 
+def size(folder, number):
+    return os.path.getsize(folder / "checkpoints" / DATA.format(number))
+
+
 @pytest.mark.parametrize("damage, fallback, line", [
-    (truncate_newest_data, 16, "--resume: skipped ckpt-19 (Read less bytes than requested), which does not read "
-                               "whole; resuming from ckpt-16"),
+    (truncate_newest_data, 16, "--resume: skipped ckpt-19 (ckpt-19.data-00000-of-00001 holds {half} of the {size} "
+                               "bytes that its index records), which does not read whole; resuming from ckpt-16"),
     (remove_newest_index, 16, "--resume: skipped ckpt-19 (its .index file is missing), which does not read whole; "
                               "resuming from ckpt-16"),
+    (cut_newest_index, 16, "--resume: skipped ckpt-19 (its .index file does not parse), which does not read whole; "
+                           "resuming from ckpt-16"),
     (garble_state_file, 19, "--resume: {checkpoints}/checkpoint does not parse, so the checkpoints were found by "
                             "their files; resuming from ckpt-19"),
-], ids=["data_truncated", "index_missing", "state_file_garbled"])
+    (flip_a_byte_of_the_newest_data, 16, "--resume: skipped ckpt-19 (Checksum does not match: stored {crc} vs. "
+                                         "calculated on the restored bytes {crc}), which does not read whole; "
+                                         "resuming from ckpt-16"),
+], ids=["data_truncated", "index_missing", "index_cut", "state_file_garbled", "checksum_mismatch"])
 def test_a_damaged_folder_resumes_from_its_newest_whole_checkpoint(tmp_path, synthetic_corpus, stopped, resumed_from,
                                                                    damage, fallback, line):
     out = tmp_path / "out"
@@ -121,7 +152,9 @@ def test_a_damaged_folder_resumes_from_its_newest_whole_checkpoint(tmp_path, syn
     damage(out / "checkpoints")
     proc = ok(lm_ptb(args(synthetic_corpus[0], out, "--resume"), timeout=200))
     said = [text.split(" ", 1)[1] for text in proc.stdout.splitlines() if "--resume:" in text]
-    assert said == [line.format(checkpoints=out / "checkpoints")]
+    expected = re.escape(line.format(checkpoints=out / "checkpoints", size=size(stopped, 19),
+                                     half=size(stopped, 19) // 2, crc="CRC")).replace("CRC", r"\d+")
+    assert len(said) == 1 and re.fullmatch(expected, said[0]), said
     assert proc.stderr == ""
     assert_same_final_state(out, resumed_from(fallback))
     # The state file now lists what the run went on from, so its own saves rotate those out.
@@ -142,7 +175,8 @@ def test_a_folder_with_no_whole_checkpoint_is_one_line_and_untouched(tmp_path, s
     assert proc.returncode == 1
     assert error_lines(proc.stderr) == [
         f"error: --resume: no checkpoint in {out / 'checkpoints'} reads whole: "
-        + "; ".join(f"ckpt-{n} (Read less bytes than requested)" for n in (19, 16, 12))
+        + "; ".join(f"ckpt-{n} ({DATA.format(n)} holds 100 of the {size(stopped, n)} bytes that its index records)"
+                    for n in (19, 16, 12))
         + "; copy the folder back from a backup, or pass --resume PATH to a checkpoint elsewhere"]
     assert "without --resume" not in proc.stderr
     assert {name: (out / "checkpoints" / name).read_bytes() for name in names(out / "checkpoints")} == before
