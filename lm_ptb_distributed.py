@@ -24,8 +24,8 @@ def main(argv=None, callbacks=()):
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.
     intra, inter = context.configure_cpu_threads(local_size=hvd.local_size(), row_groups=args.row_groups)
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
-    # Horovod: 3-4. The context averages gradients; the loop starts every rank from rank 0's weights.
-    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense)
+    # Horovod: 3-4. The context sums gradients over the ranks; the loop starts every rank from rank 0's weights.
+    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense, args.allreduce)
     return job.run(args, ctx, intra, inter, device, callbacks)
 
 

@@ -4,16 +4,18 @@
     python score.py --output_dir output --data_path ./data/ptb --file my.txt --checkpoint best
 
 Without --file it scores the test split. The text is batched and scored as
-training evaluates (runtime.trainer.evaluate: the run's batch_size and
+training evaluates (runtime.evaluation.evaluate: the run's batch_size and
 num_steps, LSTM state carried across windows, no dropout), so the test split
-under the final checkpoint gives results.json's test_ppl.
+under the final checkpoint gives results.json's test_ppl (that of an N-rank
+run to its last bits, which sum the batch in N row groups).
 """
 import argparse
 import os
 import sys
 
 import ptb_reader
-from runtime import context, inference, trainer
+from runtime import context, inference
+from runtime.evaluation import evaluate, make_eval_step
 from core.errors import UsageError
 
 
@@ -24,8 +26,8 @@ def score(trained, ids, name="the text"):
     if not windows:
         raise UsageError(f"{name} has {len(ids)} tokens, too few for the run's batch_size {batch} x num_steps "
                          f"{steps}: it needs at least {batch * (steps + 1)}")
-    eval_step = trainer.make_eval_step(trained.model)
-    ppl = trainer.evaluate(trained.model, eval_step, ids, trained.config, context.LocalContext(), "rank0")
+    ppl = evaluate(trained.model, lambda groups: make_eval_step(trained.model, groups), ids, trained.config,
+                   context.LocalContext(), "rank0")
     return ppl, windows * batch * steps
 
 

@@ -73,6 +73,10 @@ def build_parser(distributed):
                            help="compress gradients to float16 for the allreduce (hvd.Compression.fp16)")
         group.add_argument("--sparse_as_dense", action="store_true",
                            help="allreduce the embedding gradient as a dense tensor instead of allgathering rows")
+        group.add_argument("--allreduce", choices=("ring", "ordered"), default="ring",
+                           help="ring: Horovod's allreduce, bit-reproducible by one process with --row_groups at 1 "
+                                "or 2 ranks; ordered: gather the gradients and add them in rank order, so at any "
+                                "number of ranks (docs/design.md)")
         group.add_argument("--commit_every", type=int, default=20, metavar="STEPS",
                            help="under horovodrun's elastic mode, commit the training state to memory every "
                                 "STEPS steps (and at each epoch's end): a lost host costs at most STEPS steps")

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from core.errors import Rank0Failed
+from runtime.reduction import sum_gathered
 
 
 class LocalContext:
@@ -24,9 +25,17 @@ class LocalContext:
     local_size = 1
     is_rank0 = True
     sparse_as_dense = False
+    compressed = False
+    allreduce_mode = "ring"
 
-    def wrap_tape(self, tape):
-        return tape
+    def reduce_gradients(self, grads):
+        """Each of `grads` summed over the ranks (runtime/reduction.py's order)."""
+        return grads
+
+    def sum_over_ranks(self, values, name=None):
+        """A small float tensor summed over the ranks in rank order, the same bits on every rank."""
+        del name
+        return values
 
     def broadcast_variables(self, variables):
         """Gives every rank rank 0's values of `variables`."""
@@ -75,11 +84,13 @@ class LocalContext:
 class HorovodContext(LocalContext):
     distributed = True
 
-    def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False):
+    def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False, allreduce="ring"):
         self.hvd = hvd
         self.renumber()
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
+        self.compressed = fp16_allreduce
         self.sparse_as_dense = sparse_as_dense
+        self.allreduce_mode = allreduce
         # Under horovodrun's elastic mode the world re-forms when hosts come
         # and go (faults/elastic.py): rank and size change with it.
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
@@ -93,11 +104,32 @@ class HorovodContext(LocalContext):
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.is_rank0 = self.rank == 0
 
-    def wrap_tape(self, tape):
-        # Horovod: 3. Average the gradients over all ranks before they are
-        # applied: the "distributed optimizer" for a GradientTape.
-        return self.hvd.DistributedGradientTape(
-            tape, compression=self.compression, sparse_as_dense=self.sparse_as_dense)
+    def reduce_gradients(self, grads):
+        # Horovod: 3. Sum each gradient over all ranks before it is applied
+        # (the trainer scales by 1/batch once, after every sum). Each is its
+        # own collective, which starts as soon as the backward pass has made it.
+        # The embedding's rows are gathered in rank order; dense gradients go
+        # by Horovod's ring allreduce, or, with --allreduce ordered, are
+        # gathered and added in rank order (runtime/reduction.py).
+        reduced = []
+        for i, grad in enumerate(grads):
+            if isinstance(grad, tf.IndexedSlices) and self.sparse_as_dense:
+                grad = tf.convert_to_tensor(grad)
+            if isinstance(grad, tf.IndexedSlices):
+                gather = self.hvd.allgather
+                reduced.append(tf.IndexedSlices(gather(grad.values, name=f"allgather_gradient_{i}_values"),
+                                                gather(grad.indices, name=f"allgather_gradient_{i}_indices"),
+                                                grad.dense_shape))
+            elif self.allreduce_mode == "ordered":
+                reduced.append(sum_gathered(self.hvd.allgather(grad, name=f"allgather_gradient_{i}"), self.size))
+            else:
+                reduced.append(self.hvd.allreduce(grad, op=self.hvd.Sum, compression=self.compression,
+                                                  name=f"allreduce_gradient_{i}"))
+        return reduced
+
+    def sum_over_ranks(self, values, name=None):
+        # An allgather, then the sum in rank order: the same at any world size.
+        return sum_gathered(self.hvd.allgather(values[None], name=name), self.size)[0]
 
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(variables, root_rank=0)

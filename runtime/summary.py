@@ -3,6 +3,7 @@ import logging
 import os
 import socket
 
+from runtime import reduction
 from texar_lite import kernels
 
 log = logging.getLogger("lm_ptb")
@@ -27,6 +28,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
         ("row groups", row_groups),
+        ("sums", _sums(ctx, row_groups)),
         ("precision", _precision(ops.precision)),
         ("LSTM cell", _lstm_cell(ops)),
         ("softmax loss", _softmax_loss(ops)),
@@ -41,6 +43,13 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
     for line in lines:
         log.info(line)
     return dict(rows)
+
+
+def _sums(ctx, row_groups):
+    line = reduction.describe(ctx.size, row_groups, ctx.allreduce_mode)
+    inexact = [flag for flag, on in (("--fp16_allreduce", ctx.compressed), ("--sparse_as_dense", ctx.sparse_as_dense))
+               if on]
+    return line + (f" (with {' and '.join(inexact)}: no one-process equal)" if inexact else "")
 
 
 def native_bf16_flags(cpuinfo=kernels.CPUINFO):

@@ -4,6 +4,7 @@ lm_ptb.py and lm_ptb_distributed.py both call it; they differ only in `ctx`
 (runtime/context.py), which is where every rank-dependent decision lives.
 """
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -14,7 +15,8 @@ import time
 import tensorflow as tf
 
 import ptb_reader
-from runtime import logs, summary
+from runtime import logs, reduction, summary
+from runtime.evaluation import evaluate, make_eval_step
 from core.atomic_files import atomic_write
 from core.callbacks import CallbackList
 from runtime.checkpointing import TrainCheckpoint, global_lstm_state
@@ -26,7 +28,7 @@ from runtime.results import results_record, versions
 from runtime.signals import StopSignals
 from texar_lite import optimization
 from texar_lite.dropout import RowDropout
-from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy
 from texar_lite.model import LanguageModel
 
 log = logging.getLogger("lm_ptb")
@@ -45,33 +47,27 @@ class _TensorBoard:
         self.writer.flush()
 
 
-def row_slices(rows, row_groups):
-    """(first, last) of each of row_groups groups of `rows` rows, as even as can be; at
-    most one group per row (an elastic world may re-form with fewer rows per rank)."""
-    groups = min(row_groups, rows)
-    return [(rows * group // groups, rows * (group + 1) // groups) for group in range(groups)]
-
-
 # The steps are traced with autograph off. Their Python has no branch or loop
 # on a tensor, so the graph is the same, but autograph would rewrite every
-# function they call, Horovod's tape and collectives included, at a cost in
-# CPU at each rank's first step (tests/test_op_selection.py checks that the
-# graph is unchanged).
+# function they call, Horovod's collectives included, at a cost in CPU at
+# each rank's first step (tests/test_op_selection.py checks that the graph is
+# unchanged).
 def make_train_step(model, optimizer, config, ctx, plan, seed, row_groups=1):
     """The step: forward, backward and update on this rank's rows. With row_groups > 1
     the rows run as that many independent groups (at most one per row), which the
-    executor runs side by side; their gradients meet in the variables' sums."""
+    executor runs side by side; their sums meet in runtime/reduction.py's order."""
     variables = model.trainable_variables
     opt_hparams = config["opt"]
     rows = plan.rows_per_rank
-    groups = row_slices(rows, row_groups)
+    groups = reduction.row_slices(rows, row_groups)
+    reduction.keep_order(ctx.size * len(groups))
 
     # inputs and targets are time-major token ids, [num_steps, rows]: the
     # reader's windows transposed as NumPy arrays, since an int32 transpose in
     # the graph makes TensorFlow's oneDNN layout pass log a false error.
     @tf.function(autograph=False)
     def train_step(inputs, targets, state, epoch, step, stop_flag):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=len(groups) > 1) as tape:
             losses, states = [], []
             for first, last in groups:
                 # Masks keyed by the global row, so a group drops what the whole batch would.
@@ -80,70 +76,17 @@ def make_train_step(model, optimizer, config, ctx, plan, seed, row_groups=1):
                 losses.append(sequence_sparse_softmax_cross_entropy(targets[:, first:last], logits, time_major=True,
                                                                     average_across_batch=False, ops=model.ops))
                 states.append(group_state)
-            summed_loss = tf.add_n(losses)
-            new_state = tf.concat(states, 2)
-        tape = ctx.wrap_tape(tape)
-        grads = tape.gradient(summed_loss, variables)
-        # Texar's loss averages over the batch; the 1/rows joins the update.
-        optimization.clip_and_apply(optimizer, grads, variables, opt_hparams, scale=1.0 / plan.rows_per_rank)
-        loss = summed_loss / plan.rows_per_rank
-        # One small allreduce gives every rank the global loss and tells it
-        # whether any rank wants to stop, so all ranks decide alike.
-        shared = ctx.allreduce(tf.stack([loss, stop_flag]), op="mean", name="loss_and_stop")
-        return shared[0], new_state, shared[1] > 0
+        # Each group's gradients on their own, added in the one order that N
+        # ranks add them in, then over the ranks (Horovod: 3, in the context).
+        grads = ctx.reduce_gradients(reduction.sum_over_groups([tape.gradient(loss, variables) for loss in losses]))
+        # Texar's loss averages over the batch; the 1/batch joins the update.
+        optimization.clip_and_apply(optimizer, grads, variables, opt_hparams, scale=1.0 / plan.global_batch)
+        # The loss, and whether any rank wants to stop, summed over the ranks
+        # alike on each, so all ranks log the same loss and decide alike.
+        shared = ctx.sum_over_ranks(tf.stack([reduction.tree_sum(losses), stop_flag]), name="loss_and_stop")
+        return shared[0] / plan.global_batch, tf.concat(states, 2), shared[1] > 0
 
     return train_step
-
-
-def make_eval_step(model, row_groups=1):
-    """Summed NLL of a batch and the new state; time-major ids and row_groups as in make_train_step."""
-    @tf.function(autograph=False)
-    def eval_step(inputs, targets, state):
-        sums, states = [], []
-        for first, last in row_slices(inputs.shape[1], row_groups):
-            logits, group_state = model(inputs[:, first:last], state[:, :, first:last])
-            nll = token_cross_entropy(targets[:, first:last], logits, ops=model.ops)
-            sums.append(tf.reduce_sum(tf.cast(nll, tf.float64)))
-            states.append(group_state)
-        return tf.add_n(sums), tf.concat(states, 2)
-
-    return eval_step
-
-
-def _score(eval_step, model, data, batch_size, num_steps, rank, size, progress):
-    """Returns (summed NLL, token count) of this rank's rows of `data`."""
-    state = model.zero_state(batch_size // size)
-    total, tokens = 0.0, 0
-    for x, y in ptb_reader.ptb_iterator(data, batch_size, num_steps, rank, size):
-        nll, state = eval_step(x.T, y.T, state)
-        total += float(nll)
-        tokens += y.size
-        progress()
-    return total, tokens
-
-
-def evaluate(model, eval_step, data, config, ctx, eval_mode, counts=None, progress=lambda: None):
-    """Perplexity of `data` with the config's batch_size and num_steps, the same on every rank.
-
-    A `counts` dict gets "tokens": the tokens this rank scored (in rank0 mode
-    all of them on rank 0, 0 elsewhere). `progress()` runs after every batch,
-    and on the ranks that wait for rank 0.
-    """
-    batch, steps = config["batch_size"], config["num_steps"]
-    counts = {} if counts is None else counts
-    counts["tokens"] = 0
-    if eval_mode == "distributed":
-        nll, tokens = _score(eval_step, model, data, batch, steps, ctx.rank, ctx.size, progress)
-        counts["tokens"] = tokens
-        summed = ctx.allreduce(tf.constant([nll, float(tokens)], tf.float64), op="sum", name="eval_sums")
-        return math.exp(float(summed[0]) / float(summed[1]))
-
-    def on_rank0():
-        nll, tokens = _score(eval_step, model, data, batch, steps, 0, 1, progress)
-        counts["tokens"] = tokens
-        return math.exp(nll / tokens)
-
-    return ctx.run_on_rank0(on_rank0, waiting=progress)
 
 
 def rows_of(global_state, rank, rows):
@@ -200,7 +143,7 @@ class TrainingLoop:
         self.model, self.optimizer, self.checkpoint = model, optimizer, checkpoint
         self.hooks = CallbackList(callbacks)
         self.init_digest = weights_digest(model.trainable_variables)
-        self.eval_step = make_eval_step(model, opts.row_groups)
+        self.eval_steps = functools.cache(functools.partial(make_eval_step, model))
         self.board = None
         self.valid_counts = {}  # this rank's scored tokens in the last validation, for results.json
 
@@ -285,6 +228,12 @@ class TrainingLoop:
             loss, state, stop = train_step(x.T, y.T, state, epoch_t, tf.constant(step, tf.int64),
                                            stop_flags[bool(signals.received)])
             loss = float(loss)
+            if os.environ.get("DBG_DIGEST") and ctx.is_rank0:
+                print("DBG", step, [weights_digest([v]) for v in self.model.trainable_variables], flush=True)
+                if step == 0:
+                    import numpy as np
+                    np.savez(os.environ["DBG_DIGEST"], **{v.name + str(i): v.numpy()
+                                                          for i, v in enumerate(self.model.trainable_variables)})
             # Past ~709 nats per token the perplexity overflows a float:
             # the model has diverged as surely as with a NaN.
             if not math.isfinite(loss) or loss / num_steps > 700:
@@ -313,11 +262,10 @@ class TrainingLoop:
                     self._save(mid_epoch)
                 self.hooks.after_snapshot(mid_epoch)
         seconds = elapsed + time.perf_counter() - tick
-        return self._end_epoch(epoch, position, plan, costs / epoch_size, seconds, lr)
+        return self._end_epoch(epoch, position, plan, epoch_size, costs / epoch_size, seconds, lr)
 
-    def _end_epoch(self, epoch, position, plan, cost, seconds, lr):
+    def _end_epoch(self, epoch, position, plan, epoch_size, cost, seconds, lr):
         ctx, config = self.ctx, self.config
-        epoch_size = self.epoch_size(plan.global_batch)
         train_ppl = math.exp(cost / config["num_steps"])
         valid_ppl = self._evaluate("valid", epoch, counts=self.valid_counts)
         wps = epoch_size * plan.global_batch * config["num_steps"] / seconds
@@ -339,8 +287,8 @@ class TrainingLoop:
     def _evaluate(self, split, epoch, counts=None):
         """The perplexity of `split` after `epoch`."""
         self.hooks.before_evaluation(split, epoch)
-        return evaluate(self.model, self.eval_step, getattr(self.data, split), self.config, self.ctx,
-                        self.opts.eval_mode, counts=counts, progress=self.hooks.progress)
+        return evaluate(self.model, self.eval_steps, getattr(self.data, split), self.config, self.ctx,
+                        self.opts.eval_mode, self.opts.row_groups, counts=counts, progress=self.hooks.progress)
 
     def _finish(self, position, plan, digests):
         ctx = self.ctx

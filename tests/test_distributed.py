@@ -85,15 +85,13 @@ def single_run(tmp_path_factory, synthetic_corpus):
 
 
 def _tape_collectives(timeline):
-    """{"allreduce": n, "allgather": n}: the gradients that hvd.DistributedGradientTape
-    sent in rank 0's Horovod timeline, by collective (an allgather sends a sparse
-    gradient's values and its indices)."""
+    """{"allreduce": n, "allgather": n}: the gradients' collectives in rank 0's Horovod
+    timeline (runtime/context.py names each by its kind; an allgather of a sparse
+    gradient sends its values and its indices)."""
     text = timeline.read_text().rstrip().rstrip(",")
     events = json.loads(text if text.endswith("]") else text + "]")
-    names = {e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e["args"]}
-    tape = [name.rsplit("/", 1)[-1] for name in names if name.startswith("DistributedGradientTape")]
-    return {kind: sum(name.startswith(f"Horovod{kind.capitalize()}") for name in tape)
-            for kind in ("allreduce", "allgather")}
+    names = {e["args"].get("name") or "" for e in events if e.get("name") == "process_name"}
+    return {kind: sum(name.startswith(f"{kind}_gradient_") for name in names) for kind in ("allreduce", "allgather")}
 
 
 def _with_timeline(tmp_path):

@@ -20,7 +20,8 @@ from runtime.config import load_config
 from runtime.context import LocalContext
 from conftest import ROOT
 from runtime.plan import BatchPlan
-from runtime.trainer import make_eval_step, make_train_step
+from runtime.evaluation import make_eval_step
+from runtime.trainer import make_train_step
 from texar_lite import decoder, kernels, losses, op_selection, optimization
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops

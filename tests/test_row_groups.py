@@ -9,7 +9,8 @@ from conftest import PYTHON, ROOT, TINY_CONFIG, run_command
 from runtime.config import load_config
 from runtime.context import LocalContext
 from runtime.plan import BatchPlan
-from runtime.trainer import make_eval_step, make_train_step
+from runtime.evaluation import make_eval_step
+from runtime.trainer import make_train_step
 from texar_lite import optimization
 from texar_lite.model import LanguageModel
 
