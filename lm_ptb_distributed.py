@@ -25,7 +25,7 @@ def main(argv=None, callbacks=()):
     intra, inter = context.configure_cpu_threads(local_size=hvd.local_size(), row_groups=args.row_groups)
     device = "GPU:0" if context.pin_gpu(local_rank=hvd.local_rank()) else "CPU"
     # Horovod: 3-4. The context sums gradients over the ranks; the loop starts every rank from rank 0's weights.
-    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense, args.allreduce)
+    ctx = context.HorovodContext(hvd, args.fp16_allreduce, args.sparse_as_dense, args.allreduce, args.hang_timeout)
     return job.run(args, ctx, intra, inter, device, callbacks)
 
 

@@ -1,22 +1,11 @@
 """FaultLayer: the watchdog and elastic mode, attached to the loop as a callback."""
 import logging
-import os
 
 from faults.watchdog import Watchdog
 from core.callbacks import StepCallback
 from core.errors import CheckpointError
 
 log = logging.getLogger("lm_ptb")
-
-
-def rendezvous_seconds(hang_timeout=0.0):
-    """While rank 0 works alone, the other ranks wait in a chain of tiny
-    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s) and
-    per --hang_timeout, instead of one collective that would sit unanswered
-    long enough to warn, or to look like a hang to the watchdog.
-    """
-    stall = float(os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", 60))
-    return min(5.0, stall / 4, *([hang_timeout / 4] if hang_timeout else []))
 
 
 class FaultLayer(StepCallback):
@@ -51,7 +40,6 @@ class FaultLayer(StepCallback):
             return
         self.watchdog = Watchdog(ctx.rank, self.timeout, elastic=ctx.elastic)
         self.watchdog.start()
-        ctx.rendezvous_s = rendezvous_seconds(self.timeout)
         if not ctx.elastic:  # an elastic run exchanges in each attempt, with the ranks of that world
             self._exchange()
 

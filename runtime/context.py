@@ -84,7 +84,7 @@ class LocalContext:
 class HorovodContext(LocalContext):
     distributed = True
 
-    def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False, allreduce="ring"):
+    def __init__(self, hvd, fp16_allreduce=False, sparse_as_dense=False, allreduce="ring", hang_timeout=0.0):
         self.hvd = hvd
         self.renumber()
         self.compression = hvd.Compression.fp16 if fp16_allreduce else hvd.Compression.none
@@ -95,7 +95,7 @@ class HorovodContext(LocalContext):
         # and go (faults/elastic.py): rank and size change with it.
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         # How often rank 0 tells the others it still works alone (run_on_rank0).
-        self.rendezvous_s = 5.0
+        self.rendezvous_s = rendezvous_seconds(hang_timeout)
 
     def renumber(self):
         """Reads rank and size from Horovod: at the start, and after each elastic reset."""
@@ -207,6 +207,16 @@ class HorovodContext(LocalContext):
             mpi = _open_mpi_version()
         return {"horovod": self.hvd.__version__ if hasattr(self.hvd, "__version__") else _horovod_version(),
                 "mpi": mpi}
+
+
+def rendezvous_seconds(hang_timeout=0.0):
+    """While rank 0 works alone, the other ranks wait in a chain of tiny
+    broadcasts, a few per HOROVOD_STALL_CHECK_TIME_SECONDS (default 60 s) and
+    per --hang_timeout, instead of one collective that would sit unanswered
+    long enough to warn, or to look like a hang to the watchdog.
+    """
+    stall = float(os.environ.get("HOROVOD_STALL_CHECK_TIME_SECONDS", 60))
+    return min(5.0, stall / 4, *([hang_timeout / 4] if hang_timeout else []))
 
 
 def _horovod_version():

@@ -4,7 +4,8 @@ import dataclasses
 
 import ptb_reader
 from conftest import TINY_CONFIG
-from faults.layer import FaultLayer, rendezvous_seconds
+from faults.layer import FaultLayer
+from runtime.context import rendezvous_seconds
 from runtime.config import load_config
 from runtime.context import LocalContext
 from runtime.options import RunOptions
