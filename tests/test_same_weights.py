@@ -86,3 +86,16 @@ def test_a_mid_epoch_resume_of_2_ranks_equals_one_process(corpus, one_process, t
     assert (results["train_ppl"], results["valid_ppl"], results["test_ppl"]) == \
         (want["train_ppl"], want["valid_ppl"], want["test_ppl"])
     assert set(results["weights_digest_per_rank"]) == {want["weights"]}
+
+
+def test_bf16_2_ranks_equal_one_process_with_2_row_groups(synthetic_corpus, tmp_path):
+    """mixed_bfloat16: the fused bf16 LSTM ops (or the TF-op cell where the CPU has no bf16)
+    keep each row's sums in one order too."""
+    outcomes = []
+    for ranks, out in ((0, tmp_path / "one"), (2, tmp_path / "two")):
+        args = _args(synthetic_corpus[0], out, "--set", "precision=mixed_bfloat16")
+        result = mpirun(2, args, timeout=400, hooks=_record(out)) if ranks else \
+            lm_ptb([*args, "--row_groups", "2"], timeout=300, hooks=_record(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        outcomes.append(_outcome(out, max(ranks, 1)))
+    assert outcomes[0] == outcomes[1]
