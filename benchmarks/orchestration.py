@@ -205,7 +205,14 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         ("unsynced_2x1", lambda: run_unsynced(train)),
         ("hvd_2x1_vader", lambda: run_worker(distributed, ranks=2, mca=VADER)),
         ("collectives_2x1", lambda: run_worker(collectives, ranks=2)),
-        ("collectives_2x1_vader", lambda: run_worker(collectives, ranks=2, mca=VADER))]
+        ("collectives_2x1_vader", lambda: run_worker(collectives, ranks=2, mca=VADER)),
+        # What bit-equality between worlds costs: a one process that adds what N ranks add,
+        # and the ordered reduction that makes 3 or more ranks add in one order.
+        ("small_row_groups", lambda: run_worker({**train, "row_groups": 2})),
+        ("small_row_groups_4", lambda: run_worker({**train, "row_groups": 4})),
+        ("hvd_2x1_ordered", lambda: run_worker({**distributed, "allreduce": "ordered"}, ranks=2)),
+        ("hvd_4x1", lambda: run_worker(distributed, ranks=4)),
+        ("hvd_4x1_ordered", lambda: run_worker({**distributed, "allreduce": "ordered"}, ranks=4))]
     bf16 = {**train, "overrides": ["precision=mixed_bfloat16"]}
     measurements.append(("small_bf16", lambda: run_worker(bf16)))
     if data_path:
@@ -222,7 +229,6 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
             ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
             ("small_tf_ops_cell", lambda: run_worker({**train, "tf_ops": ["cell"]})),
             ("small_bf16_tf_ops_cell", lambda: run_worker({**bf16, "tf_ops": ["cell"]})),
-            ("small_row_groups", lambda: run_worker({**train, "row_groups": 2})),
             ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,
                                                   env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})),

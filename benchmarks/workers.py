@@ -205,7 +205,7 @@ class TrainSteps:
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
-                     unsynced_rank=None, row_groups=1):
+                     unsynced_rank=None, row_groups=1, allreduce="ring"):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
@@ -219,7 +219,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     ctx = UnsyncedContext(*unsynced_rank) if unsynced_rank else context.LocalContext()
     horovod_threads = []
     if distributed:
-        hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense)
+        hvd, ctx, horovod_threads = _start_horovod(fp16_allreduce=fp16_allreduce, sparse_as_dense=sparse_as_dense,
+                                                   allreduce=allreduce)
     intra, inter = context.configure_cpu_threads(ctx.local_size, row_groups)
     config = config_lib.load_config(config_name, list(overrides))
     steps_run = TrainSteps(config, ctx, data_path, tf_ops, row_groups)
@@ -301,8 +302,8 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
 
     Under mpirun: the step's real gradients (dense allreduces, the
     embedding's rows allgathered) computed once, then allreduced as
-    DistributedGradientTape does every step, plus the loss-and-stop
-    allreduce. This is what the transport costs a step when nothing
+    the trainer does every step (HorovodContext.reduce_gradients), plus the
+    loss-and-stop sum. This is what the transport costs a step when nothing
     competes with it for the cores.
     """
     from runtime import config as config_lib
@@ -326,8 +327,8 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
         def call(grads, loss):
             reduced, shared = grads, tf.stack([loss, 0.0])
             if communicate:
-                reduced = [hvd.allreduce(grad, op=hvd.Average, name=f"grad_{i}") for i, grad in enumerate(grads)]
-                shared = ctx.allreduce(shared, op="mean", name="loss_and_stop")
+                reduced = ctx.reduce_gradients(grads)
+                shared = ctx.sum_over_ranks(shared, name="loss_and_stop")
             parts = [r.values if isinstance(r, tf.IndexedSlices) else r for r in reduced]
             return shared[0] + tf.add_n([tf.reshape(part, [-1])[0] for part in parts])
         return call
