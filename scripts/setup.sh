@@ -233,4 +233,10 @@ if [ ! -f "$kernels/.built-$kernel_hash" ] || [ "$built" = 0 ]; then
 else
     say "the fused ops are built for $isa_name ($kernels/*.so)"
 fi
+# 5. In a git checkout, the project's commit-msg hook (.githooks/): a subject
+#    of at most 72 characters, as tests/test_history.py checks.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ "$(git config core.hooksPath)" != .githooks ]; then
+    git config core.hooksPath .githooks
+    say "commits are checked by .githooks/commit-msg"
+fi
 say "done"
