@@ -272,9 +272,10 @@ def test_a_rows_bf16_result_does_not_depend_on_the_batch_around_it(products):
 
 
 def test_the_ops_results_do_not_depend_on_the_number_of_threads(tmp_path):
-    # The output columns are split over the intra-op threads in whole vectors, and each element is
-    # summed by one thread in one order: 1 and 3 threads (in processes of their own, since TF fixes
-    # the count at start) give the same bits, with every kind of product this CPU runs.
+    # The output columns are split over the intra-op threads in whole vectors (the AMX products
+    # run on the op's own thread), and each element is summed by one thread in one order: 1 and 3
+    # threads (in processes of their own, since TF fixes the count at start) give the same bits,
+    # with every kind of product this CPU runs.
     products = ["float32", *(["avx512_bf16"] if HAS_BF16 else []),
                 *(["amx"] if kernels.LSTM_BF16_PRODUCTS == "amx" else [])]
     saved = {}

@@ -611,12 +611,16 @@ class Bf16Products {
   void Run(OpKernelContext* ctx, const float* a, int64_t batch, float* out) {
     uint16_t* halves = reinterpret_cast<uint16_t*>(rows_.data());
     for (int64_t b = 0; b < batch; ++b) RoundToBf16(a + b * depth_, depth_, 2 * pairs_, halves + b * 2 * pairs_);
+    if (amx_) {
+      // On tiles the product is a small part of a step, and a hand-over to
+      // another thread and back would cost more than it saves; one thread
+      // per op also leaves the other core to the other layer's op, which
+      // the decoder's time chunks let run beside this one.
+      MultiplyTiles(rows_.data(), batch, pairs_, pairs_, packed_.data(), ldw_, out, width_, 0, width_);
+      return;
+    }
     ForBlocks(ctx, width_, kLanes, 2 * batch * depth_, [&](int64_t first, int64_t count) {
-      if (amx_) {
-        MultiplyTiles(rows_.data(), batch, pairs_, pairs_, packed_.data(), ldw_, out, width_, first, count);
-      } else {
-        MultiplyPairs(rows_.data(), batch, pairs_, (depth_ + 1) / 2, packed_.data(), ldw_, out, width_, first, count);
-      }
+      MultiplyPairs(rows_.data(), batch, pairs_, (depth_ + 1) / 2, packed_.data(), ldw_, out, width_, first, count);
     });
   }
 
