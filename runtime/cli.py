@@ -27,6 +27,15 @@ def hang_timeout(text):
     return seconds
 
 
+class _FolderNamed(argparse.Action):
+    """--output_dir: stores the folder and notes that the command named one (runtime/job.py
+    gives a run without it a new numbered folder)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.output_dir_named = True
+
+
 def build_parser(distributed):
     defaults = RunOptions()
     parser = argparse.ArgumentParser(
@@ -38,8 +47,11 @@ def build_parser(distributed):
     parser.add_argument("--data_path", default="./data/ptb",
                         help="folder with ptb.{train,valid,test}.txt; PTB is downloaded there if ptb.train.txt "
                              "is missing (PTB_URL overrides the URL)")
-    parser.add_argument("--output_dir", default=defaults.output_dir,
-                        help="where metrics.jsonl, results.json and checkpoints go (rank 0 writes)")
+    parser.add_argument("--output_dir", default=defaults.output_dir, action=_FolderNamed, metavar="DIR",
+                        help="where metrics.jsonl, results.json and checkpoints go (rank 0 writes); without it, "
+                             "a fresh run writes to a new numbered folder in the default, run_N, and --resume "
+                             "continues the newest that holds checkpoints")
+    parser.set_defaults(output_dir_named=False)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, dotted for nested keys, e.g. --set num_epochs=1 "
                              "--set opt.gradient_clip.kwargs.clip_norm=2; repeatable")

@@ -4,9 +4,14 @@ rank, the fault layer attached, training, and the exit status.
 Errors a user can fix end in one line on stderr and exit status 2 (usage and
 config) or 1 (data, checkpoints, training), decided alike on every rank.
 """
+import errno
 import json
+import logging
 import os
+import re
 import shutil
+import socket
+import tempfile
 import traceback
 
 import ptb_reader
@@ -16,19 +21,108 @@ from runtime import config as config_lib
 from runtime import context, logs, trainer
 from runtime.checkpointing import BEST_DIR, LATEST_DIR, checkpoints_in
 from runtime.cli import error_line
+from core.atomic_files import atomic_write
 from core.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan, check_plan
 from texar_lite.sizes import weight_count
 
+log = logging.getLogger("lm_ptb")
 
-def check_output_dir(args, config, vocab_size, elastic):
-    """Fails before training if checkpoints cannot be written to --output_dir, or
-    if a fresh run would rotate out an earlier run's checkpoints there; with
+
+# Without --output_dir, each fresh run writes to the next numbered folder in here.
+RUNS_DIR = os.path.normpath(RunOptions.output_dir)
+_RUN_FOLDER = re.compile(r"run_(\d+)")
+# In each run folder: who made it (an elastic job's workers find their job's folder by it).
+JOB_FILE = ".job"
+
+
+def _number(name):
+    match = _RUN_FOLDER.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def run_folders(base=RUNS_DIR):
+    """The numbered run folders in `base`, oldest (lowest number) first."""
+    names = os.listdir(base) if os.path.isdir(base) else []
+    return [os.path.join(base, name) for name in sorted((n for n in names if _number(n) is not None), key=_number)]
+
+
+def _job_of(folder):
+    try:
+        with open(os.path.join(folder, JOB_FILE)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def claim_run_folder(job, base=RUNS_DIR):
+    """The run folder of `job` in `base`: the one that an elastic job's earlier
+    worker made for it, or else the next numbered one, made now.
+
+    A folder is made whole under a temporary name with its JOB_FILE inside and
+    renamed into place, which fails when the name is taken: of the workers
+    that race for a number, one takes it, and the others find that it holds
+    their job or try the next.
+    """
+    os.makedirs(base, exist_ok=True)
+    while True:
+        folders = run_folders(base)
+        mine = [folder for folder in folders if _job_of(folder) == job]
+        if mine:
+            return mine[-1]
+        number = _number(os.path.basename(folders[-1])) + 1 if folders else 1
+        staging = tempfile.mkdtemp(prefix=".run.", dir=base)
+        atomic_write(os.path.join(staging, JOB_FILE), job.encode())
+        try:
+            os.rename(staging, os.path.join(base, f"run_{number}"))
+            return os.path.join(base, f"run_{number}")
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+
+def _this_job(ctx):
+    """What names this job in its run folder: horovodrun's rendezvous address, the one
+    thing that every worker of an elastic job, a late one too, is given alike."""
+    if ctx.elastic:
+        return f"horovodrun {os.environ.get('HOROVOD_GLOO_RENDEZVOUS_ADDR')}:" \
+               f"{os.environ.get('HOROVOD_GLOO_RENDEZVOUS_PORT')}"
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def default_output_dir(args, ctx):
+    """The folder of a run without --output_dir: with --resume latest or auto, the
+    newest run folder that holds checkpoints (RUNS_DIR itself, which runs wrote
+    to before they were numbered, counts as the oldest); otherwise, and for
+    auto without one, a new numbered folder. Says which in one line."""
+    if args.resume in ("latest", "auto"):
+        held = [folder for folder in [RUNS_DIR, *run_folders()]
+                if checkpoints_in(os.path.join(folder, LATEST_DIR))[0]]
+        if held:
+            log.info("--resume: continuing the newest run in %s with checkpoints: %s", RUNS_DIR, held[-1])
+            return held[-1]
+        if args.resume == "latest":
+            raise CheckpointError(f"--resume: no run in {RUNS_DIR} holds a checkpoint; train without --resume "
+                                  "first, or pass --output_dir DIR of the run to continue")
+    earlier = run_folders()
+    try:
+        folder = claim_run_folder(_this_job(ctx))
+    except OSError as err:
+        raise UsageError(f"cannot make a run folder in {RUNS_DIR} ({err.strerror}); pass --output_dir DIR, a "
+                         "folder you can write to") from None
+    earlier = [path for path in earlier if path != folder]
+    log.info("writing to %s%s", folder, f" ({earlier[-1]} holds an earlier run)" if earlier else "")
+    return folder
+
+
+def check_output_dir(path, args, config, vocab_size, elastic):
+    """Fails before training if checkpoints cannot be written to `path`, or if a
+    fresh run would rotate out an earlier run's checkpoints there; with
     --overwrite, deletes those. Not in an elastic job, whose workers that join
     later start in the folder that the job itself has been writing."""
-    path = args.output_dir
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--output_dir {path} is a file; pass a folder")
     folders = [os.path.join(path, name) for name in (LATEST_DIR, BEST_DIR)]
@@ -66,6 +160,9 @@ def _prepare(args, ctx):
         checkpoint_every=args.checkpoint_every, row_groups=args.row_groups)
     if args.overwrite and args.resume:
         raise UsageError("--overwrite starts afresh and --resume continues: pass one of them")
+    if args.overwrite and not args.output_dir_named:
+        raise UsageError(f"--overwrite deletes the checkpoints in --output_dir: name that folder (without it, a "
+                         f"fresh run writes to a new folder in {RUNS_DIR} and deletes nothing)")
     if args.overwrite and ctx.elastic:
         raise UsageError("--overwrite would let a worker that joins an elastic job later delete the job's own "
                          "checkpoints: empty --output_dir yourself instead")
@@ -87,8 +184,12 @@ def _prepare(args, ctx):
                          "use -m master or -m workers")
     data = ptb_reader.load_ptb(args.data_path, vocab_size=config["vocab_size"])
     check_plan(config, data, plan, ctx.size, args.eval_mode)
+    # Every worker of an elastic job finds the job's folder itself: one that joins
+    # later has no rank 0 to ask, and may become rank 0 after a reset.
+    if not args.output_dir_named and (ctx.is_rank0 or ctx.elastic):
+        options.output_dir = default_output_dir(args, ctx)
     if ctx.is_rank0:
-        check_output_dir(args, config, data.vocab_size, ctx.elastic)
+        check_output_dir(options.output_dir, args, config, data.vocab_size, ctx.elastic)
     return config, data, options
 
 
@@ -120,6 +221,9 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
                 error_line(f"error{origin}: {message}")
             return code
         config, data, options = prepared
+        if ctx.distributed and not ctx.elastic:
+            # Rank 0 chose it; every rank names it in its messages.
+            options.output_dir = ctx.broadcast_object(options.output_dir, name="output_dir")
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
         options.cpu_threads = (intra_threads, inter_threads)
         try:
