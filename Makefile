@@ -32,8 +32,9 @@ test: setup
 	$(PY) -m pytest -q -n 3 --dist loadgroup tests
 
 demo: setup synthetic
+	@echo "demo: a fresh 2-rank run into output/demo (--overwrite replaces the previous demo's checkpoints and events)"
 	$(MPIRUN) -np 2 $(PY) lm_ptb_distributed.py --config tests/config_tiny.py \
-		--data_path $(SYNTH) --output_dir output/demo --set num_epochs=2
+		--data_path $(SYNTH) --output_dir output/demo --overwrite --set num_epochs=2
 	@echo "demo results (output/demo/results.json):" && cat output/demo/results.json | head -12
 
 # The PyTorch reference's own venv (torch would not fit the pinned TensorFlow venv). A CPU-only

@@ -61,8 +61,8 @@ def build_parser(distributed):
                              "same or a fresh start when output_dir holds no checkpoint (auto: for requeued batch "
                              "jobs), or from PATH (a checkpoint, or a folder of them)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start afresh in an output_dir that holds checkpoints, deleting them; without it "
-                             "such a run is refused")
+                        help="start afresh in an --output_dir that holds checkpoints, deleting them and the "
+                             "earlier run's TensorBoard events; without it such a run is refused")
     parser.add_argument("--keep_checkpoints", type=int, default=defaults.keep_checkpoints,
                         help="how many recent checkpoints to keep")
     parser.add_argument("--max_steps_per_epoch", type=int, default=defaults.max_steps_per_epoch,

@@ -121,8 +121,9 @@ def default_output_dir(args, ctx):
 def check_output_dir(path, args, config, vocab_size, elastic):
     """Fails before training if checkpoints cannot be written to `path`, or if a
     fresh run would rotate out an earlier run's checkpoints there; with
-    --overwrite, deletes those. Not in an elastic job, whose workers that join
-    later start in the folder that the job itself has been writing."""
+    --overwrite, deletes those and the earlier run's TensorBoard events. Not in
+    an elastic job, whose workers that join later start in the folder that the
+    job itself has been writing."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"--output_dir {path} is a file; pass a folder")
     folders = [os.path.join(path, name) for name in (LATEST_DIR, BEST_DIR)]
@@ -132,7 +133,7 @@ def check_output_dir(path, args, config, vocab_size, elastic):
             raise UsageError(f"--output_dir {path} holds checkpoints of an earlier run ({os.path.basename(held[0])} "
                              "the newest): continue it with --resume, or pass --overwrite to delete them and start "
                              "afresh")
-        for folder in folders:
+        for folder in [*folders, os.path.join(path, "tensorboard")]:
             shutil.rmtree(folder, ignore_errors=True)
     try:
         os.makedirs(path, exist_ok=True)

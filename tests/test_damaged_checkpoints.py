@@ -200,6 +200,9 @@ def test_overwrite_starts_afresh_as_in_an_empty_folder(tmp_path, synthetic_corpu
     ok(lm_ptb(args(synthetic_corpus[0], out, "--overwrite"), timeout=200))
     assert_same_final_state(out, fresh)
     assert names(out / "checkpoints") == names(fresh / "checkpoints")
+    # The earlier run's TensorBoard events went with its checkpoints: one run's curves remain.
+    [events] = names(out / "tensorboard")
+    assert events not in names(stopped / "tensorboard")
     proc = lm_ptb(args(synthetic_corpus[0], out, "--overwrite", "--resume"), timeout=90)
     assert (proc.returncode, proc.stderr) == (2, "error: --overwrite starts afresh and --resume continues: pass one "
                                                  "of them\n")
