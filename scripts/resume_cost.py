@@ -1,6 +1,6 @@
 """What a start costs up to its first training step: bytes read and seconds, say with --resume.
 
-    .venv/bin/python scripts/resume_cost.py [--repeats 3] -- LM_PTB_ARGS...
+    .venv/bin/python scripts/resume_cost.py [--repeats 3] [--cold DIR] -- LM_PTB_ARGS...
 
 Runs lm_ptb.py's main with LM_PTB_ARGS in a fresh process per repeat and
 stops it as its first step begins (after the restore and the broadcast).
@@ -8,7 +8,9 @@ Prints each repeat and the medians: the bytes that the process passed
 through read() from the call of main on (/proc/self/io rchar: page-cache hits
 count too, so a warm cache hides nothing) and the seconds since. The same
 arguments without --resume, in an empty --output_dir, give what a fresh start
-costs; the difference is the resume's.
+costs; the difference is the resume's. --cold DIR drops the files below DIR
+from the page cache before each run (posix_fadvise DONTNEED, those files
+alone), so that their reads go to the disk.
 """
 import argparse
 import json
@@ -41,9 +43,20 @@ class FirstStep(StepCallback):
         os._exit(0)  # nothing of the run is wanted past this point
 
 
+def evict(folder):
+    for where, _, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(where, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cold", metavar="DIR", help="drop DIR's files from the page cache before each run")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("args", nargs=argparse.REMAINDER, help="lm_ptb.py's arguments, after --")
     options = parser.parse_args()
@@ -53,6 +66,8 @@ def main():
         sys.exit(lm_ptb.main(args, callbacks=[FirstStep()]))
     runs = []
     for repeat in range(options.repeats):
+        if options.cold:
+            evict(options.cold)
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", "--", *args],
                               capture_output=True, text=True, check=False)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
