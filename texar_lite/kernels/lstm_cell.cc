@@ -345,7 +345,8 @@ bool CpuHasAvx512Bf16() {
 // AMX: CPUID leaf 7 lists AMX-TILE (EDX bit 24) and AMX-BF16 (bit 22), and
 // Linux hands a process the tiles' 8 KB of register state only after
 // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): asked once, for every
-// thread of the process. Any failure leaves the vdpbf16ps path.
+// thread of the process. Where either fails the op refuses amx=true;
+// texar_lite/kernels asks the same before it picks AMX over vdpbf16ps.
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
 
