@@ -314,8 +314,8 @@ def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthet
 COMMON_OPTIONS = ["-h", "--help", "--config", "--data_path", "--output_dir", "--set", "--seed", "--resume",
                   "--overwrite", "--keep_checkpoints", "--max_steps_per_epoch", "--checkpoint_every", "--row_groups",
                   "-l", "--log-path"]
-HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--commit_every",
-                   "--hang_timeout"]
+HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--allreduce",
+                   "--commit_every", "--hang_timeout"]
 
 
 def _assert_help_documents(parser, text, options):
