@@ -1,0 +1,103 @@
+"""The link as the step's collectives see it: Horovod allreduces between two ranks on two hosts.
+
+    mpirun -np 2 -H host1:1,host2:1 ... python scaling/probe.py     # rank 0 prints one JSON line
+
+Horovod over MPI, with the suite's settings (no fusion, a 0.2 ms cycle), one thread per rank:
+
+- a chain of allreduces of one float: each costs the wait for Horovod's next cycle, its
+  negotiation (one small allreduce) and the allreduce itself (one exchange between two ranks),
+  so the latency of one exchange is (that - cycle / 2) / 2 in scaling/model.py's terms;
+- allreduces of 8 MiB: the same plus 8 MiB each way at once and two more exchanges, which
+  gives the rate of an exchange (each host sending and receiving), with MPI's own copies,
+  reductions and protocol in it;
+- broadcasts of 8 MiB: one host sends, the other receives, which gives the one-way rate;
+- a second with no collective at all: the CPU that Horovod's background thread spends polling
+  on each rank, as a share of one core.
+
+Measured this way, rather than with a bare TCP stream, the figures carry what MPI and Horovod
+add to the wire, and whatever else runs on the hosts as it runs then.
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TAG = "PROBE "
+BIG = 8 << 20
+SMALL_CHAIN = 20
+TARGET_S = 4.0
+
+
+def _chain(tf, collective, length, name):
+    """A function that runs `collective` on its input `length` times in a row, each waiting for the last."""
+    @tf.function
+    def run(x):
+        for i in range(length):
+            x = collective(x, f"{name}_{length}_{i}")
+        return x[0]
+    return run
+
+
+def _per_op(run, x, length, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(run(x))
+        times.append((time.perf_counter() - start) / length)
+    return statistics.median(times)
+
+
+def measure():
+    """Runs on every rank of a 2-rank job; returns the result (the same on both ranks)."""
+    from benchmarks.workers import _start_horovod, _thread_cpu_seconds
+    from runtime import context
+    hvd, ctx, threads = _start_horovod()
+    context.configure_cpu_threads(1)
+    import tensorflow as tf
+    if hvd.size() != 2:
+        raise SystemExit(f"error: the probe runs on 2 ranks, one per host; it has {hvd.size()}")
+    cycle_s = float(os.environ["HOROVOD_CYCLE_TIME"]) / 1e3
+    def allreduce(x, name):
+        return hvd.allreduce(x, op=hvd.Average, name=name)
+
+    def broadcast(x, name):
+        return hvd.broadcast(x, root_rank=0, name=name)
+
+    small, big = tf.ones([1]), tf.ones([BIG // 4])
+    small_run = _chain(tf, allreduce, SMALL_CHAIN, "probe_small")
+    float(small_run(small))
+    small_s = _per_op(small_run, small, SMALL_CHAIN, 5)
+    big_s = {}
+    for kind, collective in (("allreduce", allreduce), ("broadcast", broadcast)):
+        run = _chain(tf, collective, 1, f"probe_{kind}")
+        float(run(big))
+        first = _per_op(run, big, 1, 1)
+        # As many as fit in about TARGET_S, the same number on both ranks.
+        repeats = ctx.broadcast_object(max(3, min(30, int(TARGET_S / max(first, 1e-6)))), name=f"{kind}_repeats")
+        big_s[kind] = _per_op(run, big, 1, repeats)
+    start_cpu = _thread_cpu_seconds(threads)
+    time.sleep(1.0)
+    poll_share = max(ctx.allgather_object(_thread_cpu_seconds(threads) - start_cpu, name="probe_poll"))
+    latency = max(1e-6, (small_s - cycle_s / 2) / 2)
+    # Besides the bytes, a big allreduce over two ranks has the negotiation and two exchanges, a
+    # broadcast the negotiation and one message.
+    exchange = BIG / max(big_s["allreduce"] - cycle_s / 2 - 3 * latency, 1e-9)
+    one_way = BIG / max(big_s["broadcast"] - cycle_s / 2 - 2 * latency, 1e-9)
+    return {"latency_s": latency, "bandwidth_Bps": one_way, "exchange_Bps": exchange, "poll_share": poll_share,
+            "small_op_s": small_s, "allreduce_s": big_s["allreduce"], "broadcast_s": big_s["broadcast"],
+            "big_bytes": BIG, "cycle_s": cycle_s, "is_rank0": ctx.is_rank0}
+
+
+def main():
+    result = measure()
+    if result.pop("is_rank0"):
+        print(TAG + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
