@@ -1,0 +1,44 @@
+"""The model against the steps measured on namespace hosts (scripts/shaped_links.py,
+results/scaling/shaped_links.json): each case's prediction from its own measured inputs, and the table."""
+from scaling.measure import link_of
+from scaling.model import Compute, Horovod, Machine, Shape, predict_step
+
+BOUND = 0.15  # the goal: every predicted step within 15% of the measured one
+
+
+def predict_case(case, cores, model=predict_step):
+    """The predicted step of one measured case from its inputs alone: its config's shape, its
+    compute (its ranks side by side, no communication), the probe of its link taken just before
+    it, and the machine's cores, which all its ranks share."""
+    probe = case["probe"]
+    machine = Machine(cores=cores, ranks=case["ranks"], threads=1, poll_share=probe["poll_share"])
+    compute = Compute(case["compute_s"], case["compute_sd_s"], case["compute_cpu_s"])
+    return model(Shape(**case["shape"]), case["ranks"], compute, link_of(probe), machine,
+                 Horovod(cycle_s=probe["cycle_s"]))
+
+
+def errors(results, model=predict_step):
+    """(case, prediction, predicted / measured - 1) for every case."""
+    out = []
+    for case in results["cases"]:
+        prediction = predict_case(case, results["machine"]["cores"], model)
+        out.append((case, prediction, prediction.step_s * 1e3 / case["step_ms"] - 1))
+    return out
+
+
+def table(results):
+    """Markdown lines: per case the inputs, the measured and predicted step, and the load."""
+    lines = ["| config | link | ranks | batch | probe: one-way, exchange MB/s, latency us | compute ms "
+             "| measured step ms | predicted ms (compute + exposed comm + straggler) | error | load avg before, after "
+             "| other CPU (cores) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case, p, error in errors(results):
+        probe = case["probe"]
+        lines.append(
+            f"| {case['config']} | {case['link']} | {case['ranks']} | {case['mode']} "
+            f"| {probe['bandwidth_Bps'] / 1e6:.1f}, {probe['exchange_Bps'] / 1e6:.1f}, {probe['latency_s'] * 1e6:.0f} "
+            f"| {case['compute_s'] * 1e3:.1f} "
+            f"| {case['step_ms']:.1f} | {p.step_s * 1e3:.1f} ({p.compute_s * 1e3:.0f} + {p.exposed_s * 1e3:.0f} + "
+            f"{p.straggler_s * 1e3:.0f}) | {error:+.0%} | {case['load_before'][0]:.1f}, {case['load_after'][0]:.1f} "
+            f"| {case['other_cores']:.2f} |")
+    return lines
