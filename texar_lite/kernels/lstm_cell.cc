@@ -332,6 +332,7 @@ class Fp32Products {
 
 constexpr int64_t kLanes = 16;      // float32 lanes (and bf16 pairs) in a 512-bit vector
 constexpr int64_t kTilePairs = 16;  // pairs in the summed dimension of one AMX tile product
+constexpr int64_t kAmxRows = 16;    // rows of an AMX tile of the output (and of the left operand)
 constexpr int kPairRows = 5;        // rows of a vdpbf16ps tile: 5 x 4 accumulators of 32 registers
 constexpr int kPairColumns = 4;     // vectors of a vdpbf16ps tile
 
@@ -502,7 +503,7 @@ TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64
     return;
   }
   // The output's last columns: through a buffer, since a tile stores whole rows of 16.
-  alignas(64) float buffer[N][kTilePairs * kLanes];
+  alignas(64) float buffer[N][kAmxRows * kLanes];
   _tile_stored(0, buffer[0], kLanes * 4);
   if (N > 1) _tile_stored(1, buffer[1], kLanes * 4);
   if (N > 2) _tile_stored(2, buffer[2], kLanes * 4);
@@ -523,8 +524,8 @@ TARGET_AMX void MultiplyTiles(const uint32_t* a, int64_t rows, int64_t lda, int6
   w += first;
   out += first;
   int configured = 0;
-  for (int64_t r = 0; r < rows; r += kTilePairs) {
-    const int block = static_cast<int>(std::min(rows - r, kTilePairs));
+  for (int64_t r = 0; r < rows; r += kAmxRows) {
+    const int block = static_cast<int>(std::min(rows - r, kAmxRows));
     if (block != configured) ConfigureTiles(configured = block);
     const uint32_t* a_rows = a + r * lda;
     float* out_rows = out + r * ldo;
