@@ -142,5 +142,7 @@ def test_sigterm_to_horovodrun_reaches_the_ranks_at_once_and_they_save(tmp_path,
                                 synthetic_corpus[0], signal.SIGTERM, HOROVODRUN_SIGTERM_EXIT, env=GLOO_ENV,
                                 rank_prefix=r"\[\d+\]<stderr>:")
     assert ranks == 2
-    # horovodrun reports whichever rank it reaps first.
-    assert re.search(r"Process [01] exit with status code 143", proc.stdout), proc.stdout[-2000:]
+    # horovodrun reports whichever rank it reaps first: 143, or 137 when its fixed 5 s
+    # between SIGTERM and SIGKILL ran out in the rank's interpreter teardown, after the
+    # save and the stop line that signal_run checks (seen under a load of 13 on 2 cores).
+    assert re.search(r"Process [01] exit with status code (143|137)", proc.stdout), proc.stdout[-2000:]
