@@ -124,8 +124,9 @@ def main(argv=None):
     horovod = Horovod(args.cycle_ms / 1e3, int(args.fusion_mb * 2 ** 20), algorithm=args.allreduce)
     ranks = [p for p in report.RANKS if p % args.ranks_per_host == 0 or p == 1]
     results = report.predictions(shapes, computes, host_link, machine, horovod, ranks)
+    where = "a GPU's compute" if args.compute_ms else f"{args.cores} cores"
     title = (f"{args.config}, {args.precision}, link {link_name} ({link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
-             f"{link.latency * 1e6:.3g} us), {args.ranks_per_host} rank(s) per host of {args.cores} cores")
+             f"{link.latency * 1e6:.3g} us), {args.ranks_per_host} rank(s) per host with {where}")
     print(title)
     print(compute_line)
     print("\n".join(report.table(results, ranks)))
