@@ -8,9 +8,6 @@ from scaling import links, report
 from scaling.model import Compute, Horovod, Link, Machine, Shape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The part of a core Horovod's background thread takes from the compute while it polls, on a
-# machine whose cores the ranks fill (docs/how_many_hosts.md: measured on the namespace hosts).
-POLL_SHARE = 0.0
 
 
 def default_data_path():
@@ -33,8 +30,6 @@ def parse_args(argv):
     link.add_argument("--probe", metavar="HOST", help="measure the link to HOST (ssh, this checkout's path there)")
     parser.add_argument("--latency", type=float, default=50.0, metavar="US",
                         help="with --bandwidth: one-way latency of a small message (default 50)")
-    parser.add_argument("--cpu_per_byte", type=float, default=links.TCP_CPU_PER_BYTE * 1e9, metavar="NS",
-                        help="with --bandwidth: CPU ns a byte costs its sender and receiver (default %(default)s)")
     parser.add_argument("--ranks_per_host", type=int, default=1, help="ranks on each host, sharing its cores and link")
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
                         help="cores of each host (default: this machine's, %(default)s)")
@@ -63,14 +58,13 @@ def parse_args(argv):
 
 
 def get_link(args):
-    """(Link, Horovod's polling share of a core, the link's name in the title)."""
+    """(Link, the link's name in the title)."""
     if args.link:
-        return links.LINKS[args.link], POLL_SHARE, args.link
+        return links.LINKS[args.link], args.link
     if args.bandwidth:
-        return Link(args.bandwidth * links.GBIT, args.latency * 1e-6, args.cpu_per_byte * 1e-9), POLL_SHARE, "given"
+        return Link(args.bandwidth * links.GBIT, args.latency * 1e-6), "given"
     from scaling.measure import link_of, probe_host
-    result = probe_host(args.probe)
-    return link_of(result), result["poll_share"], f"probed to {args.probe}"
+    return link_of(probe_host(args.probe)), f"probed to {args.probe}"
 
 
 def get_computes(args, shape, overrides):
@@ -111,16 +105,19 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        link, poll_share, link_name = get_link(args)
+        link, link_name = get_link(args)
     except OSError as err:
-        print(f"error: cannot probe {args.probe}: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 1
     # The ranks of a host share its link.
-    host_link = Link(link.bandwidth / args.ranks_per_host, link.latency, link.cpu_per_byte,
-                     link.duplex / args.ranks_per_host)
-    computes, compute_line = get_computes(args, shapes["global"], overrides)
+    host_link = Link(link.bandwidth / args.ranks_per_host, link.latency, link.duplex / args.ranks_per_host)
+    try:
+        computes, compute_line = get_computes(args, shapes["global"], overrides)
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     threads = 0 if args.compute_ms else max(1, args.cores // args.ranks_per_host)
-    machine = Machine(args.cores, args.ranks_per_host, threads, poll_share)
+    machine = Machine(args.cores, args.ranks_per_host, threads)
     horovod = Horovod(args.cycle_ms / 1e3, int(args.fusion_mb * 2 ** 20), algorithm=args.allreduce)
     ranks = [p for p in report.RANKS if p % args.ranks_per_host == 0 or p == 1]
     results = report.predictions(shapes, computes, host_link, machine, horovod, ranks)

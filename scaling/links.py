@@ -3,23 +3,21 @@
 Each is one host's link to the others, full duplex, through a switch that carries every host's rate
 at once. The TCP ones are what one TCP stream between two Linux hosts carries (payload, after the
 Ethernet, IP and TCP headers of 1500-byte frames: 94% of the line rate) and the latency of a small
-MPI message over kernel TCP; their CPU per byte is the kernel's for a stream with segmentation
-offloads. InfiniBand and NVLink move the bytes without the CPU (RDMA, NCCL). These are stated, not
-measured: a probe (--probe HOST) or --bandwidth and --latency replace them with the real link's.
+MPI message over kernel TCP. These are stated, not measured: a probe (--probe HOST) or --bandwidth
+and --latency replace them with the real link's.
 """
 from scaling.model import Link
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
-TCP_CPU_PER_BYTE = 0.3e-9  # a core sends or receives about 3 GB/s of one stream
 
 LINKS = {
-    "1gbe": Link(bandwidth=0.94 * GBIT, latency=50e-6, cpu_per_byte=TCP_CPU_PER_BYTE),
-    "10gbe": Link(bandwidth=9.4 * GBIT, latency=25e-6, cpu_per_byte=TCP_CPU_PER_BYTE),
-    "25gbe": Link(bandwidth=23.5 * GBIT, latency=20e-6, cpu_per_byte=TCP_CPU_PER_BYTE),
+    "1gbe": Link(bandwidth=0.94 * GBIT, latency=50e-6),
+    "10gbe": Link(bandwidth=9.4 * GBIT, latency=25e-6),
+    "25gbe": Link(bandwidth=23.5 * GBIT, latency=20e-6),
     # One TCP stream does not fill 100 Gbit/s; RoCE or several streams (NCCL) reach about this.
-    "100gbe": Link(bandwidth=90 * GBIT, latency=10e-6, cpu_per_byte=0.0),
+    "100gbe": Link(bandwidth=90 * GBIT, latency=10e-6),
     # HDR InfiniBand, 200 Gbit/s, through RDMA.
-    "ib-hdr": Link(bandwidth=190 * GBIT, latency=2e-6, cpu_per_byte=0.0),
+    "ib-hdr": Link(bandwidth=190 * GBIT, latency=2e-6),
     # NVLink 3 between the GPUs of one host, as NCCL's ring sees it (its bus bandwidth).
-    "nvlink": Link(bandwidth=230e9, latency=5e-6, cpu_per_byte=0.0),
+    "nvlink": Link(bandwidth=230e9, latency=5e-6),
 }

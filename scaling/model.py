@@ -4,42 +4,42 @@ Pure arithmetic: no TensorFlow, no measuring (scaling/measure.py and scaling/pro
 measure the inputs). The parts, in the order the step runs them:
 
 - **compute**: the step's forward, backward and update on one rank's rows, no
-  communication, measured with the ranks that share its cores running beside it
-  (Compute). The backward pass starts after the first third of it (a matmul's
-  backward is two matmuls of its size) and produces the gradients in the order
-  of `gradients`: the softmax layer first, then each LSTM layer from the top
-  down, the embedding's rows last; each is ready at its share of the backward's
-  matmul FLOPs.
+  collectives, measured as the job runs it: with the ranks that share its cores
+  beside it and Horovod's background thread polling meanwhile (Compute). The
+  backward pass starts after the first third of it (a matmul's backward is two
+  matmuls of its size) and produces the gradients in the order of `gradients`:
+  the softmax layer first, then each LSTM layer from the top down, the embedding's
+  rows last; each is ready at its part of the backward's matmul FLOPs.
 - **Horovod's queue**: its background thread wakes every cycle (HOROVOD_CYCLE_TIME),
   agrees with the other ranks on the tensors that are ready (one small allreduce)
   and runs their collectives one after another; with fusion
   (HOROVOD_FUSION_THRESHOLD > 0) the dense tensors ready in one cycle go as one.
   A collective starts once its tensor is ready, so it overlaps the rest of the
-  backward pass.
+  backward pass, on a machine with cores to spare for it.
 - **the collectives**: dense gradients by allreduce; with "ring" (NCCL, Gloo)
   2(p-1)/p x bytes / bandwidth + 2(p-1) latencies; with "ompi" (Open MPI 4.1's
   own choice for large messages, Rabenseifner's algorithm) the same bytes in
-  2 log2(p) steps when p is a power of two, and two more whole-vector steps
-  when it is not. The embedding's gradient is IndexedSlices: Horovod allgathers
-  its rows and their int64 indices, (p-1) x bytes per rank, growing with p;
-  with sparse_as_dense it is one more dense allreduce. fp16 compression halves
-  the dense bytes (not the allgathered rows).
+  2 log2(p) steps when p is a power of two, and two more whole vectors, sent one
+  way, when it is not. A step in which a host sends and receives at once runs at
+  the link's exchange rate, a one-way send at its one-way rate. The embedding's
+  gradient is IndexedSlices: Horovod allgathers its rows and their int64 indices,
+  (p-1) x bytes per rank, growing with p; with sparse_as_dense it is one more dense
+  allreduce. fp16 compression halves the dense bytes (not the allgathered rows).
 - **the step's end**: the update waits for the last gradient, then one small
   allreduce (the loss and the stop flag) ends the step.
-- **the cores**: the ranks that share a machine share its cores. When their threads fill
-  them (the suite's default split), Horovod's background thread polls at the expense of
-  the compute (Machine.poll_share), and so does the CPU that the gradients' bytes cost
-  (MPI's copies and reductions, the network stack: Link.cpu_per_byte) while they overlap
-  the compute; after the compute, a collective takes at least that CPU time. A compute
-  thread's share of a core is its CPU time over its wall time (Compute), so a machine whose
-  other processes leave the ranks less than their cores is measured, not assumed.
+- **the cores**: when the ranks' compute threads fill a machine's cores (the suite's
+  default split, and the namespace hosts of one machine), the collectives and the
+  compute share the cores, and the model credits no overlap: the collectives start
+  when the compute ends. Their CPU on such a machine is in the probe's rates, which
+  are measured there.
 - **stragglers**: a synchronous step waits for the slowest rank: the compute's
   step-to-step spread (sd) times the expected maximum of p standard normals.
 
 Left out: the network's own contention beyond one link per host (a switch that
 cannot carry every host's rate at once), TCP's slow start, the update's own time,
-memory-bandwidth contention between ranks, and any change in the machine's other load
-between the measurements of the inputs and the run.
+memory-bandwidth contention between ranks, the CPU that more ranks than the probe's two
+need at once on one machine, and any change in the machine's other load between the
+measurements of the inputs and the run.
 """
 import dataclasses
 import math
@@ -86,11 +86,9 @@ class Tensor:
 class Link:
     """One host's link to the others: the rate in bytes/s of a one-way transfer and (`exchange`) of
     each direction while the host sends and receives at once (None: the same, a full-duplex
-    link); the one-way latency of a small message in seconds; the CPU seconds a byte sent
-    costs its rank (the sender's and the receiver's work)."""
+    link); the one-way latency of a small message in seconds."""
     bandwidth: float
     latency: float
-    cpu_per_byte: float = 0.0
     exchange: float = None
 
     @property
@@ -100,25 +98,18 @@ class Link:
 
 @dataclasses.dataclass(frozen=True)
 class Compute:
-    """The compute of one rank's step: seconds (median), its step-to-step standard deviation, and
-    the CPU seconds it took (all its threads; 0 when unknown, as for a GPU's given time)."""
+    """The compute of one rank's step: seconds (median) and its step-to-step standard deviation."""
     seconds: float
     sd: float = 0.0
-    cpu_seconds: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
     """The cores of one machine and the ranks that share them, each with `threads` compute threads
-    (0 for a GPU's compute).
-
-    poll_share: the part of a core Horovod's background thread takes while it polls (between
-    cycles, and while it waits in a collective), which comes out of the compute when the
-    ranks' threads fill the cores."""
+    (0 for a GPU's compute)."""
     cores: int
     ranks: int = 1
     threads: int = 1
-    poll_share: float = 0.0
 
     @property
     def saturated(self):
@@ -137,11 +128,10 @@ class Horovod:
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     step_s: float
-    compute_s: float      # the compute, stretched by the CPU the communication takes from it
+    compute_s: float
     exposed_s: float      # communication after the compute's end, the step's last allreduce included
-    comm_s: float         # every collective's time on the link, overlapped or not
+    comm_s: float         # every collective's own time, overlapped or not
     straggler_s: float
-    stretch_s: float      # the compute's stretch: CPU of the bytes and of Horovod's polling
     tokens: int           # of the whole step, every rank's rows
 
     @property
@@ -268,33 +258,17 @@ def predict_step(shape, ranks, compute, link, machine, horovod=Horovod()):
         return None
     tokens = rows * ranks * shape.num_steps
     if ranks == 1:
-        return Prediction(compute.seconds, compute.seconds, 0.0, 0.0, 0.0, 0.0, tokens)
-    tensors = _fuse(gradients(shape, rows, horovod), horovod)
+        return Prediction(compute.seconds, compute.seconds, 0.0, 0.0, 0.0, tokens)
     cost = {"allreduce": lambda t: allreduce_s(t.nbytes, ranks, link, horovod.algorithm),
             "allgather": lambda t: allgather_s(t.nbytes, ranks, link)}
-    sent = {"allreduce": lambda t: 2 * (ranks - 1) / ranks * t.nbytes, "allgather": lambda t: t.nbytes * (ranks - 1)}
-    # The share of a core each compute thread gets (1 on cores of its own; less when other
-    # processes share them), from the compute's CPU time against its wall time.
-    contended = machine.saturated and compute.cpu_seconds
-    share = min(1.0, compute.cpu_seconds / (machine.threads * compute.seconds)) if contended else 1.0
-    # Horovod's thread polls through the compute; on full cores that is taken from it.
-    compute_end = compute.seconds * (1 + machine.poll_share / machine.threads) if contended else compute.seconds
     negotiation = horovod.cycle_s / 2 + small_allreduce_s(ranks, link)
     free, comm = 0.0, 0.0
-    for tensor in tensors:
-        start = max(tensor.ready * compute.seconds + negotiation, free)
+    for tensor in _fuse(gradients(shape, rows, horovod), horovod):
+        # On full cores a collective waits for the compute to leave them.
+        ready = compute.seconds if machine.saturated else tensor.ready * compute.seconds
         seconds = cost[tensor.kind](tensor)
-        byte_cpu = sent[tensor.kind](tensor) * link.cpu_per_byte
+        free = max(ready + negotiation, free) + seconds
         comm += seconds
-        if contended and start < compute_end:
-            # The bytes' CPU comes out of the compute that runs meanwhile.
-            compute_end += byte_cpu / (machine.threads * share)
-            free = start + seconds
-        else:
-            # After the compute, or on idle cores: the CPU may be slower than the link.
-            free = start + max(seconds, byte_cpu / share)
-    tail = negotiation + small_allreduce_s(ranks, link)
-    exposed = max(0.0, free - compute_end) + tail
+    exposed = max(0.0, free - compute.seconds) + negotiation + small_allreduce_s(ranks, link)
     straggler = compute.sd * expected_max_normal(ranks)
-    return Prediction(compute_end + exposed + straggler, compute_end, exposed, comm, straggler,
-                      compute_end - compute.seconds, tokens)
+    return Prediction(compute.seconds + exposed + straggler, compute.seconds, exposed, comm, straggler, tokens)

@@ -10,9 +10,7 @@ Horovod over MPI, with the suite's settings (no fusion, a 0.2 ms cycle), one thr
 - allreduces of 8 MiB: the same plus 8 MiB each way at once and two more exchanges, which
   gives the rate of an exchange (each host sending and receiving), with MPI's own copies,
   reductions and protocol in it;
-- broadcasts of 8 MiB: one host sends, the other receives, which gives the one-way rate;
-- a second with no collective at all: the CPU that Horovod's background thread spends polling
-  on each rank, as a share of one core.
+- broadcasts of 8 MiB: one host sends, the other receives, which gives the one-way rate.
 
 Measured this way, rather than with a bare TCP stream, the figures carry what MPI and Horovod
 add to the wire, and whatever else runs on the hosts as it runs then.
@@ -53,9 +51,9 @@ def _per_op(run, x, length, repeats):
 
 def measure():
     """Runs on every rank of a 2-rank job; returns the result (the same on both ranks)."""
-    from benchmarks.workers import _start_horovod, _thread_cpu_seconds
+    from benchmarks.workers import _start_horovod
     from runtime import context
-    hvd, ctx, threads = _start_horovod()
+    hvd, ctx, _ = _start_horovod()
     context.configure_cpu_threads(1)
     import tensorflow as tf
     if hvd.size() != 2:
@@ -79,17 +77,14 @@ def measure():
         # As many as fit in about TARGET_S, the same number on both ranks.
         repeats = ctx.broadcast_object(max(3, min(30, int(TARGET_S / max(first, 1e-6)))), name=f"{kind}_repeats")
         big_s[kind] = _per_op(run, big, 1, repeats)
-    start_cpu = _thread_cpu_seconds(threads)
-    time.sleep(1.0)
-    poll_share = max(ctx.allgather_object(_thread_cpu_seconds(threads) - start_cpu, name="probe_poll"))
     latency = max(1e-6, (small_s - cycle_s / 2) / 2)
     # Besides the bytes, a big allreduce over two ranks has the negotiation and two exchanges, a
     # broadcast the negotiation and one message.
     exchange = BIG / max(big_s["allreduce"] - cycle_s / 2 - 3 * latency, 1e-9)
     one_way = BIG / max(big_s["broadcast"] - cycle_s / 2 - 2 * latency, 1e-9)
-    return {"latency_s": latency, "bandwidth_Bps": one_way, "exchange_Bps": exchange, "poll_share": poll_share,
-            "small_op_s": small_s, "allreduce_s": big_s["allreduce"], "broadcast_s": big_s["broadcast"],
-            "big_bytes": BIG, "cycle_s": cycle_s, "is_rank0": ctx.is_rank0}
+    return {"latency_s": latency, "bandwidth_Bps": one_way, "exchange_Bps": exchange, "small_op_s": small_s,
+            "allreduce_s": big_s["allreduce"], "broadcast_s": big_s["broadcast"], "big_bytes": BIG, "cycle_s": cycle_s,
+            "is_rank0": ctx.is_rank0}
 
 
 def main():

@@ -8,13 +8,12 @@ BOUND = 0.15  # the goal: every predicted step within 15% of the measured one
 
 def predict_case(case, cores, model=predict_step):
     """The predicted step of one measured case from its inputs alone: its config's shape, its
-    compute (its ranks side by side, no communication), the probe of its link taken just before
-    it, and the machine's cores, which all its ranks share."""
+    compute (its ranks on its hosts under Horovod, no collective), the probe of its link taken
+    just before it, and the machine's cores, which all its ranks share."""
     probe = case["probe"]
-    machine = Machine(cores=cores, ranks=case["ranks"], threads=1, poll_share=probe["poll_share"])
-    compute = Compute(case["compute_s"], case["compute_sd_s"], case["compute_cpu_s"])
-    return model(Shape(**case["shape"]), case["ranks"], compute, link_of(probe), machine,
-                 Horovod(cycle_s=probe["cycle_s"]))
+    machine = Machine(cores=cores, ranks=case["ranks"], threads=1)
+    return model(Shape(**case["shape"]), case["ranks"], Compute(case["compute_s"], case["compute_sd_s"]),
+                 link_of(probe), machine, Horovod(cycle_s=probe["cycle_s"]))
 
 
 def errors(results, model=predict_step):

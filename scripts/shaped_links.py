@@ -15,9 +15,9 @@ over the steps after the first few. Each case waits (up to 90 s) for the machine
 other processes to use under half a core, and records what they used before and during it.
 
 Right before each run, the model's inputs are measured as how_many_hosts.py measures them:
-the link by scaling/probe.py on host1 and host2, and the compute by the benchmark's worker,
-the run's ranks side by side on this machine with no communication. The machine is shared,
-so the inputs and the run see the same minute of its other load. The JSON keeps every input
+the link by scaling/probe.py on host1 and host2, and the compute by scaling/measure.py's job
+on the run's hosts, the trainer's step with no collective while Horovod runs. The machine
+is shared, so the inputs and the run see the same minute of its other load. The JSON keeps every input
 and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
 Under a launcher the script is also each rank's entry (`train ARGS`: lm_ptb_distributed.py's
 main with the step-time callback).
@@ -88,19 +88,18 @@ def train(argv):
     return lm_ptb_distributed.main(argv, callbacks=[StepTimes()])
 
 
-def batch(ranks, mode):
-    """(batch_size, rows per rank) of a case."""
+def case_sets(ranks, mode):
+    """The --set values of a case: the global batch of 20 rows (21 at 3 ranks), or per_worker."""
     if mode == "per_worker":
-        return 20, 20
-    size = 21 if ranks == 3 else 20
-    return size, size // ranks
+        return ["batch_mode=per_worker"]
+    return [f"batch_size={21 if ranks == 3 else 20}"]
 
 
 def shape(config, ranks, mode):
     """The model's Shape of a case, as a dict for the JSON."""
     from runtime.config import load_config
     from scaling.model import Shape
-    return vars(Shape.from_config(load_config(config, [f"batch_mode={mode}", f"batch_size={batch(ranks, mode)[0]}"])))
+    return vars(Shape.from_config(load_config(config, case_sets(ranks, mode))))
 
 
 def short_corpus(data_path, folder):
@@ -138,15 +137,25 @@ def wait_for_quiet():
             return cores
 
 
-def probe(hosts):
-    """scaling/probe.py on host1 and host2."""
+def job(hosts, cmd, tag, env=None):
+    """Runs a measuring job (mpirun) from host1; returns the JSON it tagged."""
     from scaling import measure
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    outcome = hosts.start("host1", measure.probe_command(["host1", "host2"]), env=env, cwd=ROOT).finish(600)
-    result = measure.probe_result(outcome.stdout)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    outcome = hosts.start("host1", cmd, env=env, cwd=ROOT).finish(900)
+    result = measure.tagged(outcome.stdout, tag)
     if result is None:
-        raise RuntimeError(f"the probe failed ({outcome.returncode}): {outcome.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd[:6])} failed ({outcome.returncode}): {outcome.stderr[-2000:]}")
     return result
+
+
+def inputs(hosts, config, ranks, mode, data_path):
+    """The model's inputs for a case: the probe on host1 and host2, the compute on its hosts."""
+    from scaling import measure, probe
+    probed = job(hosts, measure.probe_command(["host1", "host2"]), probe.TAG)
+    task = measure.compute_task(config, case_sets(ranks, mode), data_path)
+    command = measure.compute_command([f"host{i + 1}" for i in range(ranks)], task, env_names=tuple(THREADS))
+    compute, cpu = measure.compute_of(job(hosts, command, measure.COMPUTE_TAG, THREADS))
+    return probed, compute, cpu
 
 
 def run_case(hosts, config, link, ranks, mode, corpus, workdir):
@@ -157,7 +166,7 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
               "-H", ",".join(f"host{i + 1}:1" for i in range(ranks)), "-bind-to", "none", "-map-by", "slot",
               "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *[a for key in THREADS for a in ("-x", key)],
               "-mca", "pml", "ob1", "-mca", "btl", "tcp,self", "-mca", "btl_tcp_disable_family", "6"]
-    sets = ["num_epochs=1", f"batch_size={batch(ranks, mode)[0]}"] + ["batch_mode=per_worker"] * (mode == "per_worker")
+    sets = ["num_epochs=1", *case_sets(ranks, mode)]
     cmd = [*mpirun, sys.executable, os.path.abspath(__file__), "train", "--config", config, "--data_path", corpus,
            "--output_dir", os.path.join(workdir, "out"), "--max_steps_per_epoch", str(steps),
            *[a for value in sets for a in ("--set", value)], "-m", "workers", "-l", log]
@@ -182,7 +191,6 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
 
 def measure_all(data_path, out, only):
     from harness import cluster
-    from scaling import measure
     missing = cluster.missing_tools()
     if os.geteuid() != 0 or missing:
         raise SystemExit(f"error: namespace hosts need root and {', '.join(sorted(set(cluster.TOOLS.values())))}; "
@@ -201,15 +209,13 @@ def measure_all(data_path, out, only):
                     hosts.cap(link)
                 for config, _, ranks, mode in [case for case in cases if case[1] == link]:
                     quiet = wait_for_quiet()
-                    probed = probe(hosts)
-                    compute = measure.compute(config, batch(ranks, mode)[1], ranks,
-                                              data_path=os.path.abspath(data_path))
+                    probed, compute, cpu = inputs(hosts, config, ranks, mode, os.path.abspath(data_path))
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
                                         tempfile.mkdtemp(prefix="case.", dir=work))
                     results["cases"].append({
                         "config": config, "link": link, "ranks": ranks, "mode": mode,
                         "shape": shape(config, ranks, mode), "probe": probed, "compute_s": compute.seconds,
-                        "compute_sd_s": compute.sd, "compute_cpu_s": compute.cpu_seconds, "other_cores_before": quiet,
+                        "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "other_cores_before": quiet,
                         **measured})
                     print(f"{config} {link} {ranks} {mode}: compute {compute.seconds * 1e3:.1f} ms, probe "
                           f"{probed['bandwidth_Bps'] / 1e6:.1f} MB/s {probed['latency_s'] * 1e6:.0f} us, step "
