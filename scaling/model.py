@@ -4,9 +4,8 @@ Pure arithmetic: no TensorFlow, no measuring (scaling/measure.py and scaling/pro
 measure the inputs). The parts, in the order the step runs them:
 
 - **compute**: the step's forward, backward and update on one rank's rows, no
-  collectives, measured as the job runs it: with the ranks that share its cores
-  beside it and Horovod's background thread polling meanwhile (Compute). The
-  backward pass starts after the first third of it (a matmul's backward is two
+  communication, measured with the ranks that share its cores beside it (Compute).
+  The backward pass starts after the first third of it (a matmul's backward is two
   matmuls of its size) and produces the gradients in the order of `gradients`:
   the softmax layer first, then each LSTM layer from the top down, the embedding's
   rows last; each is ready at its part of the backward's matmul FLOPs.

@@ -15,9 +15,9 @@ over the steps after the first few. Each case waits (up to 90 s) for the machine
 other processes to use under half a core, and records what they used before and during it.
 
 Right before each run, the model's inputs are measured as how_many_hosts.py measures them:
-the link by scaling/probe.py on host1 and host2, and the compute by scaling/measure.py's job
-on the run's hosts, the trainer's step with no collective while Horovod runs. The machine
-is shared, so the inputs and the run see the same minute of its other load. The JSON keeps every input
+the link by scaling/probe.py on host1 and host2, and the compute by the benchmark's worker,
+the run's ranks side by side on this machine with no communication. The machine is shared,
+so the inputs and the run see the same minute of its other load. The JSON keeps every input
 and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
 Under a launcher the script is also each rank's entry (`train ARGS`: lm_ptb_distributed.py's
 main with the step-time callback).
@@ -137,10 +137,10 @@ def wait_for_quiet():
             return cores
 
 
-def job(hosts, cmd, tag, env=None):
+def job(hosts, cmd, tag):
     """Runs a measuring job (mpirun) from host1; returns the JSON it tagged."""
     from scaling import measure
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     outcome = hosts.start("host1", cmd, env=env, cwd=ROOT).finish(900)
     result = measure.tagged(outcome.stdout, tag)
     if result is None:
@@ -149,12 +149,12 @@ def job(hosts, cmd, tag, env=None):
 
 
 def inputs(hosts, config, ranks, mode, data_path):
-    """The model's inputs for a case: the probe on host1 and host2, the compute on its hosts."""
+    """The model's inputs for a case: the probe on host1 and host2, and the compute of its rows
+    with its ranks side by side (one thread each: the worker splits 2 cores over 2 or more)."""
     from scaling import measure, probe
     probed = job(hosts, measure.probe_command(["host1", "host2"]), probe.TAG)
-    task = measure.compute_task(config, case_sets(ranks, mode), data_path)
-    command = measure.compute_command([f"host{i + 1}" for i in range(ranks)], task, env_names=tuple(THREADS))
-    compute, cpu = measure.compute_of(job(hosts, command, measure.COMPUTE_TAG, THREADS))
+    rows = 20 if mode == "per_worker" else (21 if ranks == 3 else 20) // ranks
+    compute, cpu = measure.compute(config, rows, ranks, data_path=data_path)
     return probed, compute, cpu
 
 
