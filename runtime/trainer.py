@@ -228,12 +228,6 @@ class TrainingLoop:
             loss, state, stop = train_step(x.T, y.T, state, epoch_t, tf.constant(step, tf.int64),
                                            stop_flags[bool(signals.received)])
             loss = float(loss)
-            if os.environ.get("DBG_DIGEST") and ctx.is_rank0:
-                print("DBG", step, [weights_digest([v]) for v in self.model.trainable_variables], flush=True)
-                if step == 0:
-                    import numpy as np
-                    np.savez(os.environ["DBG_DIGEST"], **{v.name + str(i): v.numpy()
-                                                          for i, v in enumerate(self.model.trainable_variables)})
             # Past ~709 nats per token the perplexity overflows a float:
             # the model has diverged as surely as with a NaN.
             if not math.isfinite(loss) or loss / num_steps > 700:
