@@ -96,6 +96,10 @@ class HorovodContext(LocalContext):
         self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         # How often rank 0 tells the others it still works alone (run_on_rank0).
         self.rendezvous_s = rendezvous_seconds(hang_timeout)
+        # The last step's seconds from its last local gradient to its last summed
+        # one: the wait that runtime/communication.py reports. Made with the first
+        # step, once TensorFlow's threads are set.
+        self.gradient_wait = None
 
     def renumber(self):
         """Reads rank and size from Horovod: at the start, and after each elastic reset."""
@@ -111,6 +115,11 @@ class HorovodContext(LocalContext):
         # The embedding's rows are gathered in rank order; dense gradients go
         # by Horovod's ring allreduce, or, with --allreduce ordered, are
         # gathered and added in rank order (runtime/reduction.py).
+        if self.gradient_wait is None:
+            with tf.init_scope():
+                self.gradient_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="gradient_wait")
+        with tf.control_dependencies(tf.nest.flatten(grads, expand_composites=True)):
+            ready = tf.timestamp()
         reduced = []
         for i, grad in enumerate(grads):
             if isinstance(grad, tf.IndexedSlices) and self.sparse_as_dense:
@@ -125,6 +134,8 @@ class HorovodContext(LocalContext):
             else:
                 reduced.append(self.hvd.allreduce(grad, op=self.hvd.Sum, compression=self.compression,
                                                   name=f"allreduce_gradient_{i}"))
+        with tf.control_dependencies(tf.nest.flatten(reduced, expand_composites=True)):
+            self.gradient_wait.assign(tf.timestamp() - ready)
         return reduced
 
     def sum_over_ranks(self, values, name=None):

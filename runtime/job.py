@@ -21,6 +21,7 @@ from runtime import config as config_lib
 from runtime import context, logs, trainer
 from runtime.checkpointing import BEST_DIR, LATEST_DIR, checkpoints_in
 from runtime.cli import error_line
+from runtime.communication import CommunicationReport
 from core.atomic_files import atomic_write
 from core.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
@@ -227,9 +228,12 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
             options.output_dir = ctx.broadcast_object(options.output_dir, name="output_dir")
         options.device = device  # the model's ops follow it (texar_lite/op_selection.py)
         options.cpu_threads = (intra_threads, inter_threads)
+        hooks = [faults] if faults else []
+        if ctx.distributed:  # after the first epoch, each rank logs its share of communication
+            hooks.append(CommunicationReport(ctx, config, 0 if device.startswith("GPU") else intra_threads))
         try:
             results = trainer.train_and_evaluate(
-                config, data, ctx, options, [faults, *callbacks] if faults else callbacks,
+                config, data, ctx, options, [*hooks, *callbacks],
                 run_attempts=faults.run_elastic if faults and ctx.elastic else None)
         except TrainingInterrupted as err:
             # Every rank saw the same stop flag: they leave together.

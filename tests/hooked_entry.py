@@ -1,6 +1,6 @@
 """The tests' entry point: lm_ptb.py's or lm_ptb_distributed.py's own main, with test callbacks.
 
-    python tests/hooked_entry.py [--fault rank=R,epoch=E,step=S,mode=MODE ...] [--record_steps DIR] \
+    python tests/hooked_entry.py [--fault rank=R,epoch=E,step=S,mode=MODE ...] [--lag RANK MS] [--record_steps DIR] \
         lm_ptb.py|lm_ptb_distributed.py ARGS...
 
 ARGS go to the script's main unchanged; the callbacks are tests/hooks.py's.
@@ -33,12 +33,16 @@ def main(argv=None):
                         metavar=f"rank=R,epoch=E,step=S,mode={'|'.join(hooks.MODES)}[,at={'|'.join(hooks.POINTS)}]",
                         help="fail on rank R just before step S of epoch E (0-based), or as the validation "
                              "after epoch E starts, or as the checkpoint at E, S starts; repeatable (tests/hooks.py)")
+    parser.add_argument("--lag", nargs=2, type=int, metavar=("RANK", "MS"),
+                        help="rank RANK sleeps MS milliseconds before each step: a straggler")
     parser.add_argument("--record_steps", metavar="DIR",
                         help="append each step's epoch, step, global loss and rank to DIR/steps.<pid>.jsonl")
     parser.add_argument("script", choices=SCRIPTS)
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     options = parser.parse_args(argv)
     callbacks = [hooks.Fault(**fault) for fault in options.fault]
+    if options.lag:
+        callbacks.append(hooks.Lag(*options.lag))
     if options.record_steps:
         callbacks.append(hooks.StepRecorder(options.record_steps))
     script = importlib.import_module(options.script[:-len(".py")])

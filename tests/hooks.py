@@ -180,6 +180,20 @@ class Fault(StepCallback):
                 signal.signal(signum, handler)
 
 
+class Lag(StepCallback):
+    """Makes `rank` a straggler: it sleeps `ms` milliseconds before each of its steps."""
+
+    def __init__(self, rank, ms):
+        self.rank, self.seconds, self.armed = rank, ms / 1e3, False
+
+    def begin(self, rank, size, epoch, step):
+        self.armed = rank == self.rank
+
+    def before_step(self, epoch, step):
+        if self.armed:
+            time.sleep(self.seconds)
+
+
 def pause_hooks(release, ranks=(0,), at="step", epoch=0, step=5):
     """tests/hooked_entry.py's flags that pause each of `ranks` at one named point
     until the file `release` exists."""
