@@ -1,0 +1,197 @@
+"""The scaling model (scaling/model.py) and how_many_hosts.py: its parts' arithmetic, its predictions
+against the steps measured on namespace hosts with shaped links (results/scaling/shaped_links.json,
+which scripts/shaped_links.py wrote; nothing is timed here), and against Texar's two-host K80 runs."""
+import dataclasses
+import json
+import math
+import os
+
+import pytest
+
+from benchmarks.analytic import gradient_bytes
+from conftest import PYTHON, ROOT, run_command
+from runtime.config import load_config
+from scaling import validation
+from scaling.links import LINKS
+from scaling.model import (Compute, Horovod, Link, Machine, Shape, allgather_s, allreduce_s, expected_max_normal,
+                           gradients, predict_step)
+
+SHAPED_LINKS = os.path.join(ROOT, "results", "scaling", "shaped_links.json")
+LINK = Link(bandwidth=100e6, latency=50e-6)
+GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
+
+
+def shape(name, **overrides):
+    return Shape.from_config(load_config(name, [f"{k}={v}" for k, v in overrides.items()]))
+
+
+# --- the parts ----------------------------------------------------------------------------------
+
+def test_the_gradients_carry_the_bytes_the_benchmark_counts():
+    small = shape("config_small")
+    dense, rows = gradient_bytes(load_config("config_small"), ranks=2)
+    tensors = gradients(small, rows=10)
+    assert sum(t.nbytes for t in tensors if t.kind == "allreduce") == dense == 10_606_400
+    assert sum(t.nbytes for t in tensors if t.kind == "allgather") == rows == 200 * (4 * 200 + 8)
+    # Softmax first, the embedding's rows last; its ids are known when the backward pass starts.
+    assert [t.name for t in tensors][:3] == ["embedding/indices", "softmax/kernel", "softmax/bias"]
+    assert tensors[-1].name == "embedding/values" and tensors[-1].ready == 1.0
+    readies = [t.ready for t in tensors]
+    assert readies == sorted(readies) and readies[0] == pytest.approx(1 / 3)
+
+
+def test_options_change_the_bytes():
+    small = shape("config_small")
+    fp16 = gradients(small, 20, Horovod(fp16_allreduce=True))
+    dense = gradients(small, 20, Horovod(sparse_as_dense=True))
+    assert sum(t.nbytes for t in fp16 if t.kind == "allreduce") == 10_606_400 // 2
+    # Compression leaves the allgathered rows alone; sparse_as_dense sends the whole embedding instead.
+    assert sum(t.nbytes for t in fp16 if t.kind == "allgather") == 400 * (4 * 200 + 8)
+    assert [t for t in dense if t.kind == "allgather"] == []
+    assert sum(t.nbytes for t in dense) == 10_606_400 + 10000 * 200 * 4
+
+
+def test_ring_allreduce_and_open_mpis_choice():
+    n, bw, lat = 8e6, LINK.bandwidth, LINK.latency
+    assert allreduce_s(n, 1, LINK) == 0.0
+    assert allreduce_s(n, 4, LINK, "ring") == pytest.approx(2 * 3 / 4 * n / bw + 6 * lat)
+    # Powers of two: Rabenseifner's bytes are the ring's, in 2 log2(p) steps.
+    assert allreduce_s(n, 4, LINK) == pytest.approx(2 * 3 / 4 * n / bw + 4 * lat)
+    assert allreduce_s(n, 2, LINK) == pytest.approx(n / bw + 2 * lat)
+    # Three ranks: the extra rank's exchange and sends come on top of the two-rank core.
+    assert allreduce_s(n, 3, LINK) == pytest.approx(n / bw + 2 * lat + n / 2 / bw + 1.5 * n / bw + 3 * lat)
+    # A link that halves each direction while it sends and receives slows the exchanges only.
+    half = dataclasses.replace(LINK, exchange=bw / 2)
+    assert allreduce_s(n, 3, half) == pytest.approx(2 * n / bw + 2 * lat + n / bw + 1.5 * n / bw + 3 * lat)
+
+
+def test_the_allgather_grows_with_the_ranks():
+    n = 323_200
+    times = [allgather_s(n, p, LINK) for p in (2, 4, 8, 64)]
+    assert times == sorted(times)
+    assert allgather_s(n, 64, LINK) - allgather_s(n, 32, LINK) == pytest.approx(
+        32 * (n / LINK.bandwidth + LINK.latency) + LINK.latency)
+
+
+def test_expected_max_of_normals():
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-4)
+    assert expected_max_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), abs=1e-4)
+
+
+def test_the_step_overlaps_the_backward_pass_on_spare_cores_and_waits_for_the_slowest_rank():
+    small = shape("config_small", batch_mode="per_worker")
+    fast = predict_step(small, 2, Compute(0.050, sd=0.004), Link(1e12, 1e-6), GPU)
+    assert fast.straggler_s == pytest.approx(0.004 / math.sqrt(math.pi), rel=1e-3)
+    assert fast.step_s == pytest.approx(0.050 + fast.exposed_s + fast.straggler_s)
+    slow = predict_step(small, 2, Compute(0.050), LINK, GPU)
+    # The softmax kernel's 8 MB start during the LSTMs' backward: less is exposed than sent.
+    assert slow.exposed_s < slow.comm_s and slow.comm_s > 0.1
+    # On cores the compute fills, the collectives start when it ends.
+    full = predict_step(small, 2, Compute(0.050), LINK, Machine(cores=2, ranks=2, threads=1))
+    # After it, back to back: one negotiation before them, one more and the loss's allreduce after.
+    assert full.exposed_s == pytest.approx(full.comm_s + 2 * (0.1e-3 + LINK.latency) + LINK.latency, rel=1e-9)
+    assert full.step_s > slow.step_s
+
+
+def test_a_global_batch_that_does_not_split_has_no_step():
+    assert predict_step(shape("config_small"), 3, Compute(0.05), LINK, Machine(cores=2)) is None
+    assert shape("config_small").rows(4) == 5 and shape("config_small", batch_mode="per_worker").rows(3) == 20
+
+
+# --- against the steps measured on namespace hosts -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def shaped_links():
+    with open(SHAPED_LINKS) as f:
+        return json.load(f)
+
+
+def test_every_setting_of_the_grid_was_measured(shaped_links):
+    cases = {(c["config"], c["link"], c["ranks"], c["mode"]) for c in shaped_links["cases"]}
+    assert cases == {(config, link, ranks, mode) for config in ("config_small", "config_medium")
+                     for link in ("unshaped", "1gbit", "100mbit") for ranks in (2, 3, 4)
+                     for mode in ("global", "per_worker")}
+
+
+def test_the_model_on_the_measured_cases(shaped_links):
+    """The goal is every case within validation.BOUND (15%). The model meets it in 17 of the 36
+    and is low in the others, never high: the test holds it to that, so a change that makes it
+    worse fails, and one that meets the goal tightens it."""
+    errors = [error for _, _, error in validation.errors(shaped_links)]
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 17
+    assert max(errors) <= validation.BOUND and min(errors) > -0.5
+
+
+def test_without_the_bandwidth_term_the_model_misses(shaped_links):
+    def no_bandwidth(shape, ranks, compute, link, machine, horovod):
+        return predict_step(shape, ranks, compute, dataclasses.replace(link, bandwidth=1e15, exchange=1e15),
+                            machine, horovod)
+    errors = validation.errors(shaped_links, no_bandwidth)
+    slow = [error for case, _, error in errors if case["link"] == "100mbit"]
+    assert len(slow) == 12 and max(slow) < -0.5
+    assert sum(abs(error) > validation.BOUND for _, _, error in errors) >= 24
+
+
+def test_the_docs_table_is_the_committed_runs_table(shaped_links):
+    with open(os.path.join(ROOT, "docs", "how_many_hosts.md")) as f:
+        docs = f.read()
+    assert "\n".join(validation.table(shaped_links)) + "\n" in docs
+
+
+# --- against Texar's two-host K80 runs ----------------------------------------------------------
+
+# Texar's distributed_gpu README: s/epoch on two AWS p2.xlarge (one K80 each, 2 ranks, the
+# global batch split) and on one of them; its reader's epoch is (929,589 // 20 - 1) // num_steps steps.
+TEXAR = {"config_small": (137, 207), "config_medium": (311, 461), "config_large": (931, 1765)}
+TRAIN_WORDS = 929_589
+# One effective bandwidth for all three, 1.6 Gbit/s; the GPU's compute is the one-GPU step,
+# halved for half the rows; Horovod's defaults then (64 MB fusion, 5 ms cycle) and Open MPI
+# 4.0's ring for large messages.
+K80_LINK = Link(bandwidth=200e6, latency=50e-6)
+K80_HOROVOD = Horovod(cycle_s=5e-3, fusion_bytes=64 << 20, algorithm="ring")
+
+
+def k80_ratio(name, link=K80_LINK):
+    config = shape(name)
+    one_gpu_s = TEXAR[name][0] / ((TRAIN_WORDS // 20 - 1) // config.num_steps)
+    return predict_step(config, 2, Compute(one_gpu_s / 2), link, GPU, K80_HOROVOD).step_s / one_gpu_s
+
+
+@pytest.mark.parametrize("name", sorted(TEXAR))
+def test_texars_two_host_slowdown_with_one_bandwidth(name):
+    one, two = TEXAR[name]
+    assert k80_ratio(name) == pytest.approx(two / one, rel=0.20)
+
+
+def test_texars_slowdown_needs_the_bandwidth_term():
+    fast = dataclasses.replace(K80_LINK, bandwidth=1e15)
+    assert all(k80_ratio(name, fast) < 0.6 for name in TEXAR)
+
+
+# --- the command --------------------------------------------------------------------------------
+
+def test_how_many_hosts_prints_the_models_steps_and_draws_the_plot(tmp_path):
+    plot = tmp_path / "plot.png"
+    proc = run_command([PYTHON, os.path.join(ROOT, "how_many_hosts.py"), "--config", "config_small",
+                        "--link", "1gbe", "--compute_ms", "50", "--plot", str(plot)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in proc.stdout.splitlines()
+            if line.startswith("| ") and line[2].isdigit()}
+    assert sorted(rows, key=int) == ["1", "2", "3", "4", "8", "16", "32", "64", "128", "256", "512"]
+    expected = predict_step(shape("config_small", batch_mode="per_worker"), 8, Compute(0.050), LINKS["1gbe"], GPU)
+    assert rows["8"][1] == f"{expected.step_s * 1e3:.1f}"
+    assert rows["3"][5:8] == ["-", "-", "-"]  # 20 rows do not split over 3 ranks
+    assert plot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give the link once: --link NAME, --bandwidth GBIT [--latency US], or --probe HOST"),
+    (["--link", "1gbe", "--bandwidth", "1"], "give the link once"),
+    (["--link", "5gbe"], "argument --link: invalid choice: '5gbe'"),
+    (["--bandwidth", "0"], "--bandwidth must be positive, not 0"),
+])
+def test_how_many_hosts_refuses_bad_input_in_one_line(args, message):
+    proc = run_command([PYTHON, os.path.join(ROOT, "how_many_hosts.py"), *args], timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
