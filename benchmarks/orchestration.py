@@ -238,6 +238,8 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         per_round = [round_results[name] for round_results in results["rounds"]]
         results[name] = merge_torch_rounds(per_round) if name.startswith("torch") else merge_rounds(per_round)
     results["medium"] = run_worker({"kind": "train", "config_name": "config_medium", **medium})
+    results["medium_bf16"] = run_worker({"kind": "train", "config_name": "config_medium",
+                                         "overrides": ["precision=mixed_bfloat16"], **medium})
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):
             task = {**distributed, **extra}
