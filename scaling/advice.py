@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from scaling.model import Compute, Horovod, Link, predict_step
-from scaling.report import OPTIONS, RANKS, option_name
+from scaling.report import MODES, OPTIONS, option_name, predictions
 
 LATENCY = 50e-6
 # The bandwidths the reading can tell apart, in bytes/s: 0.8 Mbit/s to 8 Tbit/s.
@@ -53,25 +53,21 @@ def advise(shape, ranks, compute_s, compute_sd_s, exposed_s, machine, horovod=Ho
     counts' compute is this one's scaled by their rows; they keep the run's batch mode."""
     rows = shape.rows(ranks)
     link, fastest = implied_link(shape, ranks, Compute(compute_s), exposed_s, machine, horovod)
+    shapes = {mode: dataclasses.replace(shape, batch_mode=mode) for mode in MODES}
 
-    def predict(mode, p, options):
-        other = dataclasses.replace(shape, batch_mode=mode)
-        their_rows = other.rows(p)
-        if their_rows is None:
-            return None
-        settings = dataclasses.replace(horovod, sparse_as_dense=options[0], fp16_allreduce=options[1])
-        compute = Compute(compute_s * their_rows / rows, compute_sd_s * their_rows / rows)
-        return predict_step(other, p, compute, link, machine, settings)
+    def computes(mode, p):
+        their_rows = shapes[mode].rows(p)
+        return Compute(compute_s * their_rows / rows, compute_sd_s * their_rows / rows)
 
+    results = predictions(shapes, computes, link, machine, horovod)
     current = (horovod.sparse_as_dense, horovod.fp16_allreduce)
-    here = {options: predict(shape.batch_mode, ranks, options) for options in OPTIONS}
+    here = {options: results[shape.batch_mode, ranks, options] for options in OPTIONS}
     best = min(OPTIONS, key=lambda options: (here[options].step_s, options != current))
     # Other rank counts keep the run's batch mode: the other one trains another batch.
-    everywhere = {(p, options): predict(shape.batch_mode, p, options) for p in RANKS for options in OPTIONS}
-    most = max((key for key, p in everywhere.items() if p is not None),
-               key=lambda key: everywhere[key].words_per_s)
-    return Advice(link, fastest, here[current].step_s, best, here[best].step_s, most[0], most[1],
-                  everywhere[most].words_per_s, here[current].words_per_s)
+    most = max((key for key, p in results.items() if p is not None and key[0] == shape.batch_mode),
+               key=lambda key: results[key].words_per_s)
+    return Advice(link, fastest, here[current].step_s, best, here[best].step_s, most[1], most[2],
+                  results[most].words_per_s, here[current].words_per_s)
 
 
 def share(step_s, wait_s, least_s):
