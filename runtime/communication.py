@@ -32,6 +32,8 @@ class CommunicationReport(StepCallback):
         self.steps, self.last = [], None
 
     def after_step(self, epoch, step, loss):
+        if self.reported:  # the line is written once: no reading of the wait after it
+            return
         now = time.perf_counter()
         if self.last is not None and self.last[:2] == (epoch, step - 1):
             self.steps.append((now - self.last[2], float(self.ctx.gradient_wait.numpy())))
