@@ -199,21 +199,24 @@ def test_bf16_cell_in_the_decoder_matches_autodiff(products):
     state = tf.constant(rng.normal(size=(2, 2, 7, 24)), tf.float32)
     weights = tf.constant(rng.normal(size=(6, 7, 30)), tf.float32)
 
+    def matmul(x, kernel):  # bf16 operands and product, as the decoder's matmuls
+        return tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(kernel, tf.bfloat16)), tf.float32)
+
     def reference(x, s):
         layer_input, finals = x, []
         for layer in range(dec.num_layers):
             c, h = s[layer, 0], s[layer, 1]
             outputs = []
             for t in range(x.shape[0]):
-                i, j, f, o = tf.split(dec._matmul(layer_input[t], dec.input_kernels[layer])
-                                      + dec._matmul(h, dec.recurrent_kernels[layer]) + dec.biases[layer], 4, axis=1)
+                i, j, f, o = tf.split(matmul(layer_input[t], dec.input_kernels[layer])
+                                      + matmul(h, dec.recurrent_kernels[layer]) + dec.biases[layer], 4, axis=1)
                 c = tf.sigmoid(f + dec.forget_bias) * c + tf.sigmoid(i) * tf.tanh(j)
                 h = tf.sigmoid(o) * tf.tanh(c)
                 outputs.append(h)
             finals.append(tf.stack([c, h]))
             layer_input = tf.stack(outputs)
         flat = tf.reshape(layer_input, [-1, dec.num_units])
-        logits = tf.reshape(dec._matmul(flat, dec.output_kernel) + dec.output_bias, [x.shape[0], -1, 30])
+        logits = tf.reshape(matmul(flat, dec.output_kernel) + dec.output_bias, [x.shape[0], -1, 30])
         return logits, tf.stack(finals)
 
     def outputs_and_grads(fn):

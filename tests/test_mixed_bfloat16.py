@@ -5,9 +5,12 @@ import pytest
 import tensorflow as tf
 
 from runtime import summary
+from runtime.config import load_config
 from texar_lite import decoder, kernels
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.hparams import HParams
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, ops_for
 from tiny_training import train_tiny
 
@@ -81,3 +84,53 @@ def test_the_fused_bf16_cell_trains_as_the_tf_ops_cell_in_bf16(monkeypatch):
     for var, var_tf_ops in zip(fused_model.trainable_variables, tf_ops_model.trainable_variables):
         got, want = var.numpy().ravel(), var_tf_ops.numpy().ravel()
         assert np.linalg.norm(got - want) <= 1e-2 * np.linalg.norm(want), var.name
+
+
+def _bf16_bits(tensor):
+    return tf.bitcast(tensor, tf.uint16).numpy()
+
+
+def test_the_bf16_boundary_ops_give_the_cast_and_add_values_bit_for_bit():
+    assert kernels.SOFTMAX_XENT is not None, f"{kernels.library_path('softmax_xent')} is missing: run make setup"
+    rng = np.random.default_rng(7)
+    product = tf.cast(rng.normal(size=(37, 1003)).astype(np.float32) * 50, tf.bfloat16)
+    bias = tf.constant(rng.normal(size=1003).astype(np.float32))
+    np.testing.assert_array_equal(kernels.SOFTMAX_XENT.bf16_product_plus_bias(product, bias).numpy(),
+                                  (tf.cast(product, tf.float32) + bias).numpy())
+    d_sum = rng.normal(size=(37, 1003)).astype(np.float32) * 1e3
+    # Rounding ties (either way to even), the largest float, infinities and NaNs of both signs.
+    d_sum[0, :8] = np.array([0x3f808000, 0x3f818000, 0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001,
+                             0x00008000], dtype=np.uint32).view(np.float32)
+    d_product, d_bias = kernels.SOFTMAX_XENT.bf16_product_plus_bias_grad(d_sum)
+    np.testing.assert_array_equal(_bf16_bits(d_product), _bf16_bits(tf.cast(d_sum, tf.bfloat16)))
+    finite = d_sum[1:]
+    want = np.zeros(1003, np.float32)
+    for row in finite:  # float32 sums, the rows in order
+        want += row
+    got = kernels.SOFTMAX_XENT.bf16_product_plus_bias_grad(finite)[1].numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_bf16_boundary_changes_no_gradient_but_the_biases_order_of_summation():
+    config = load_config("tests/config_tiny.py", ["precision=mixed_bfloat16", "vocab_size=200"])
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 200, size=(config["num_steps"], config["batch_size"])).astype(np.int32)
+    grads = {}
+    for boundary in (True, False):
+        model = LanguageModel(config, 200, seed=5)
+        assert model.decoder.bf16_boundary
+        model.decoder.bf16_boundary = boundary
+        with tf.GradientTape() as tape:
+            logits, _ = model(x, model.zero_state(config["batch_size"]))
+            loss = sequence_sparse_softmax_cross_entropy(np.roll(x, -1, axis=0), logits, time_major=True,
+                                                         average_across_batch=False, ops=model.ops)
+        grads[boundary] = {var.name: tf.convert_to_tensor(grad).numpy() for var, grad in
+                           zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables))}
+    biases = [name for name in grads[True] if "bias" in name]
+    assert len(biases) == 3
+    for name, got in grads[True].items():
+        want = grads[False][name]
+        if name in biases:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)

@@ -63,6 +63,9 @@ class LSTMDecoder(tf.Module):
         # fused cell's recurrent products too, summing in fp32); the cell
         # state, the gate nonlinearities and the logits stay fp32.
         self.matmul_dtype = PRECISIONS[ops.precision]
+        # Where the fused loss's library is loaded, its ops cross the bf16
+        # products' boundary (to float32, plus the bias) in one sweep each way.
+        self.bf16_boundary = self.matmul_dtype == tf.bfloat16 and ops.fused_loss
         self.hparams = check_hparams(expect_merged(hparams, "LSTMDecoder"))
         kwargs = self.hparams.kwargs
         self.num_units = kwargs.num_units
@@ -87,16 +90,13 @@ class LSTMDecoder(tf.Module):
     def zero_state(self, batch_size):
         return tf.zeros([self.num_layers, 2, batch_size, self.num_units])
 
-    def _matmul(self, x, kernel):
-        if self.matmul_dtype == tf.float32:
-            return tf.matmul(x, kernel)
-        product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
-        return tf.cast(product, tf.float32)
-
     def _affine(self, x, kernel, bias):
         if self.matmul_dtype == tf.float32:
             return _affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
-        return self._matmul(x, kernel) + bias
+        product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
+        if self.bf16_boundary:
+            return _bf16_product_plus_bias(product, bias)
+        return tf.cast(product, tf.float32) + bias
 
     def _gate_bias(self, layer):
         # forget_bias joins the f quarter of the bias once per call instead of
@@ -174,6 +174,18 @@ def _affine(x, kernel, bias):
         return d_x, d_kernel, tf.reshape(d_bias, [-1])
 
     return out, grad
+
+
+@tf.custom_gradient
+def _bf16_product_plus_bias(product, bias):
+    """float32(product) + bias for a bf16 product [N, K] and a float32 bias [K], and back:
+    the same values as tf.cast(product, tf.float32) + bias, with its gradient, in one sweep
+    each way (texar_lite/kernels/softmax_xent.cc)."""
+    def grad(d_sum):
+        d_product, d_bias = kernels.SOFTMAX_XENT.bf16_product_plus_bias_grad(d_sum)
+        return d_product, d_bias
+
+    return kernels.SOFTMAX_XENT.bf16_product_plus_bias(product, bias), grad
 
 
 class _TfOpsCell:

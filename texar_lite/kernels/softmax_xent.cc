@@ -15,7 +15,21 @@
 // Per row, with m = max(logits) and s = sum(exp(logits - m)):
 //   nll      = log(s) + m - logits[label]        (exact, no underflow)
 //   backprop = exp(logits - m) / s - onehot(label)
+//
+// Under mixed_bfloat16 the affine maps' products (the softmax layer's, each
+// LSTM layer's input projection) come out of oneDNN in bf16, and the f32
+// bias joins them. As TF ops that boundary is a cast to f32 and an add
+// forward, and backward a cast of the f32 gradient to bf16 plus a column
+// sum for the bias: four sweeps over a [400, 10000] block in the small
+// config. Bf16ProductPlusBias and its gradient below do each direction in
+// one sweep, with the same values: the widening cast is exact, the add is
+// the same f32 add, and the narrowing cast rounds to nearest even, as TF's
+// Cast does. The bias gradient sums each column's rows in row order, so it
+// is the same for any number of threads.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -96,6 +110,115 @@ REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).Ty
                         SoftmaxCrossEntropyInPlaceOp<int32>);
 REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropyInPlace").Device(DEVICE_CPU).TypeConstraint<int64>("Tlabels"),
                         SoftmaxCrossEntropyInPlaceOp<int64>);
+
+REGISTER_OP("Bf16ProductPlusBias")
+    .Input("product: bfloat16")  // [N, K]
+    .Input("bias: float")        // [K]
+    .Output("sum: float")        // [N, K]: float(product) + bias
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle product, bias;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &product));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bias));
+      shape_inference::DimensionHandle columns;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(product, 1), c->Dim(bias, 0), &columns));
+      c->set_output(0, c->Matrix(c->Dim(product, 0), columns));
+      return tsl::OkStatus();
+    });
+
+REGISTER_OP("Bf16ProductPlusBiasGrad")
+    .Input("d_sum: float")          // [N, K]
+    .Output("d_product: bfloat16")  // [N, K]: d_sum rounded to bf16
+    .Output("d_bias: float")        // [K]: d_sum's column sums, rows added in order
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle d_sum;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &d_sum));
+      c->set_output(0, d_sum);
+      c->set_output(1, c->Vector(c->Dim(d_sum, 1)));
+      return tsl::OkStatus();
+    });
+
+// The conversions as bit operations on plain integers, which the compiler
+// vectorises: Eigen's bfloat16 conversions are scalar code with a branch.
+// The widening is exact; the narrowing rounds to nearest even and turns
+// every NaN into 0x7fc0, bit for bit as TF's Cast does.
+inline float WidenBf16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+inline uint16_t RoundToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
+}
+
+class Bf16ProductPlusBiasOp : public OpKernel {
+ public:
+  explicit Bf16ProductPlusBiasOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& product_t = ctx->input(0);
+    const Tensor& bias_t = ctx->input(1);
+    OP_REQUIRES(ctx, product_t.dims() == 2 && bias_t.dims() == 1 && bias_t.dim_size(0) == product_t.dim_size(1),
+                InvalidArgument("product must be [N, K] and bias [K], got ", product_t.shape().DebugString(), " and ",
+                                bias_t.shape().DebugString()));
+    const int64_t rows = product_t.dim_size(0), columns = product_t.dim_size(1);
+    Tensor* sum_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, product_t.shape(), &sum_t));
+    const auto* product = reinterpret_cast<const uint16_t*>(product_t.flat<bfloat16>().data());
+    const float* bias = bias_t.flat<float>().data();
+    float* sum = sum_t->flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const uint16_t* in = product + r * columns;
+        float* out = sum + r * columns;
+        for (int64_t k = 0; k < columns; ++k) out[k] = WidenBf16(in[k]) + bias[k];
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, rows, 2 * columns, work);
+  }
+};
+
+class Bf16ProductPlusBiasGradOp : public OpKernel {
+ public:
+  explicit Bf16ProductPlusBiasGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& d_sum_t = ctx->input(0);
+    OP_REQUIRES(ctx, d_sum_t.dims() == 2,
+                InvalidArgument("d_sum must be a [N, K] matrix, got ", d_sum_t.shape().DebugString()));
+    const int64_t rows = d_sum_t.dim_size(0), columns = d_sum_t.dim_size(1);
+    Tensor *d_product_t, *d_bias_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, d_sum_t.shape(), &d_product_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({columns}), &d_bias_t));
+    const float* d_sum = d_sum_t.flat<float>().data();
+    auto* d_product = reinterpret_cast<uint16_t*>(d_product_t->flat<bfloat16>().data());
+    float* d_bias = d_bias_t->flat<float>().data();
+    // Each thread takes a band of columns and walks every row through it, so
+    // a column's sum has one order whatever the split.
+    auto work = [&](int64_t begin, int64_t end) {
+      float* acc = d_bias + begin;
+      std::fill(acc, acc + (end - begin), 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* in = d_sum + r * columns;
+        uint16_t* out = d_product + r * columns;
+        for (int64_t k = begin; k < end; ++k) {
+          out[k] = RoundToBf16(in[k]);
+          acc[k - begin] += in[k];
+        }
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, columns, 3 * rows, work);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Bf16ProductPlusBias").Device(DEVICE_CPU), Bf16ProductPlusBiasOp);
+REGISTER_KERNEL_BUILDER(Name("Bf16ProductPlusBiasGrad").Device(DEVICE_CPU), Bf16ProductPlusBiasGradOp);
 
 }  // namespace
 }  // namespace tensorflow
