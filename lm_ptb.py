@@ -14,7 +14,8 @@ from runtime import cli
 def main(argv=None, callbacks=()):
     """Trains as the command line `argv` says, with `callbacks` in the loop (core/callbacks.py)."""
     args = cli.parse_args(argv, distributed=False)
-    from runtime import context, job  # TensorFlow loads here, once the arguments are read
+    from runtime import context, job, tuning  # TensorFlow loads here, once the arguments are read
+    tuning.resolve(args)  # --row_groups auto: the fastest here, timed once
     intra, inter = context.configure_cpu_threads(local_size=1, row_groups=args.row_groups)
     device = "GPU:0" if context.pin_gpu(local_rank=0) else "CPU"
     ctx = context.LocalContext()

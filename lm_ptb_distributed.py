@@ -15,7 +15,8 @@ from runtime import cli
 def main(argv=None, callbacks=()):
     """Trains as the command line `argv` says, with `callbacks` in the loop (core/callbacks.py)."""
     args = cli.parse_args(argv, distributed=True)
-    from runtime import context, job  # TensorFlow loads here, once the arguments are read
+    from runtime import context, job, tuning  # TensorFlow loads here, once the arguments are read
+    tuning.resolve(args)  # --row_groups auto: the fastest here, timed once
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
     context.set_horovod_tuning()  # Horovod: 1. No tensor fusion, a 0.2 ms cycle, unless the env sets them.

@@ -17,6 +17,15 @@ from runtime.options import RunOptions
 LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "HOROVOD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
+def row_groups(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of groups, or auto") from None
+
+
 def hang_timeout(text):
     try:
         seconds = float(text)
@@ -69,9 +78,11 @@ def build_parser(distributed):
                         help="cap the training steps per epoch (0 = whole epoch); for smoke runs")
     parser.add_argument("--checkpoint_every", type=int, default=defaults.checkpoint_every, metavar="STEPS",
                         help="also save a checkpoint every STEPS steps inside an epoch (0 = at epoch ends only)")
-    parser.add_argument("--row_groups", type=int, default=defaults.row_groups, metavar="N",
+    parser.add_argument("--row_groups", type=row_groups, default=defaults.row_groups, metavar="N",
                         help="run the rank's rows as N independent groups side by side, each op on one thread, "
-                             "instead of splitting every op over the threads (BENCHMARKS.md has the measurements)")
+                             "instead of splitting every op over the threads (BENCHMARKS.md has the measurements); "
+                             "auto (one process): the fastest on this machine, timed once per config and kept "
+                             "(runtime/tuning.py)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
     if distributed:
         group = parser.add_argument_group("Horovod")
@@ -100,7 +111,12 @@ def build_parser(distributed):
 
 
 def parse_args(argv=None, distributed=False):
-    args = build_parser(distributed).parse_args(argv)
+    parser = build_parser(distributed)
+    args = parser.parse_args(argv)
+    if distributed and args.row_groups == "auto":
+        # Each host would time its own choice, and every rank must run the same groups.
+        parser.error("--row_groups auto times one process (lm_ptb.py); under a launcher give the number it "
+                     "picked, which lm_ptb.py's training summary shows")
     if not distributed:
         # lm_ptb.py takes no Horovod options, but the run reads them: at lm_ptb_distributed.py's defaults.
         args = argparse.Namespace(**{**vars(build_parser(distributed=True).parse_args([])), **vars(args)})

@@ -159,7 +159,8 @@ def _prepare(args, ctx):
     options = RunOptions(
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
-        checkpoint_every=args.checkpoint_every, row_groups=args.row_groups)
+        checkpoint_every=args.checkpoint_every, row_groups=args.row_groups,
+        row_groups_reason=getattr(args, "row_groups_reason", ""))
     if args.overwrite and args.resume:
         raise UsageError("--overwrite starts afresh and --resume continues: pass one of them")
     if args.overwrite and not args.output_dir_named:

@@ -18,3 +18,4 @@ class RunOptions:
     device: str = "CPU"               # "CPU" or "GPU:0": picks the cell and loss (texar_lite/op_selection.py)
     cpu_threads: tuple = (0, 0)       # TensorFlow's (intra-op, inter-op) threads, for the log
     row_groups: int = 1               # the rank's rows run as this many independent groups (runtime/trainer.py)
+    row_groups_reason: str = ""       # why, for the summary, when --row_groups auto chose (runtime/tuning.py)

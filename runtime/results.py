@@ -26,6 +26,8 @@ def results_record(config, opts, ctx, model, data, plan, metrics, test_ppl, per_
         "wps": mean("wps"),
         "world_size": ctx.size,
         "global_batch_size": plan.global_batch,
+        # The groups change the gradients' order of summation (--row_groups auto picks them per machine).
+        "row_groups": opts.row_groups,
         "seed": opts.seed,
         "lstm_cell": model.ops.cell,
         "softmax_loss": model.ops.loss,

@@ -9,9 +9,10 @@ from texar_lite import kernels
 log = logging.getLogger("lm_ptb")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, row_groups=1):
+def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, row_groups=1, row_groups_reason=""):
     """DeePMD-kit style block: where and how this run trains. ops: the op_selection.OpChoice
-    of the model it trains (which holds the precision). Collective: call on every rank."""
+    of the model it trains (which holds the precision); row_groups_reason: why --row_groups
+    auto chose row_groups (runtime/tuning.py). Collective: call on every rank."""
     # An elastic worker may join a running world: no collective before training.
     elastic = ctx.elastic
     hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
@@ -27,7 +28,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
         ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "unset")),
         ("visible GPUs", gpus),
         ("intra/inter threads", f"{intra_threads}/{inter_threads}"),
-        ("row groups", row_groups),
+        ("row groups", row_groups_reason or row_groups),
         ("sums", _sums(ctx, row_groups)),
         ("precision", _precision(ops.precision)),
         ("LSTM cell", _lstm_cell(ops)),
