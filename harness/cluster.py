@@ -23,6 +23,7 @@ SIGKILLs every process in it, `cap` puts a tbf rate limit on every host's
 egress. `close` kills every process in the namespaces and removes them.
 """
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -252,11 +253,29 @@ class Cluster:
         self.cut(host)
         _kill_namespace(self.namespaces[host])
 
-    def cap(self, rate):
-        """A tbf rate limit (e.g. "5mbit") on every host's egress."""
+    def cap(self, rate, queue="200ms"):
+        """A tbf rate limit (e.g. "5mbit") on every host's egress; `queue` is how long a packet
+        may wait in its queue (tbf's latency), beyond which the queue drops."""
         for ns in self.namespaces.values():
             subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
-                            "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
+                            "burst", "64kb", "latency", queue], check=True, capture_output=True)
+
+    def link_counters(self):
+        """{host: {counter: value}}: what each host's egress qdisc dropped, held over its rate
+        (overlimits) and requeued, and the TCP segments its kernel sent and sent again."""
+        counters = {}
+        for host, ns in self.namespaces.items():
+            shown = subprocess.run(["tc", "-s", "-j", "-n", ns, "qdisc", "show", "dev", "eth0"], check=True,
+                                   capture_output=True, text=True).stdout
+            root = json.loads(shown)[0]
+            snmp = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"], check=True,
+                                  capture_output=True, text=True).stdout.splitlines()
+            names, values = [line.split()[1:] for line in snmp if line.startswith("Tcp:")]
+            tcp = dict(zip(names, map(int, values)))
+            counters[host] = {"qdisc_drops": root.get("drops", 0), "qdisc_overlimits": root.get("overlimits", 0),
+                              "qdisc_requeues": root.get("requeues", 0), "tcp_out_segs": tcp["OutSegs"],
+                              "tcp_retrans_segs": tcp["RetransSegs"]}
+        return counters
 
     def pids(self, host=None):
         """The processes alive in one host, or in all of them, but for the listening sshd."""

@@ -19,6 +19,9 @@ the link by scaling/probe.py on host1 and host2, and the compute by the benchmar
 the run's ranks side by side on this machine with no communication. The machine is shared,
 so the inputs and the run see the same minute of its other load. The JSON keeps every input
 and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
+Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
+the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
+and sent again. --queue_ms sets how long a packet may wait in a tbf queue (200 ms by default).
 Under a launcher the script is also each rank's entry (`train ARGS`: lm_ptb_distributed.py's
 main with the step-time callback).
 """
@@ -171,9 +174,12 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
            "--output_dir", os.path.join(workdir, "out"), "--max_steps_per_epoch", str(steps),
            *[a for value in sets for a in ("--set", value)], "-m", "workers", "-l", log]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **THREADS)
-    before = load_average()
+    before, counters = load_average(), hosts.link_counters()
     outcome = hosts.start("host1", cmd, env=env, cwd=ROOT).finish(3600)
     after = load_average()
+    # What the run's hosts' links dropped and resent (a tbf queue that overflows costs TCP a resend).
+    counted = {host: {name: value - counters[host][name] for name, value in now.items()}
+               for host, now in hosts.link_counters().items() if int(host[4:]) <= ranks}
     if outcome.returncode != 0 or outcome.timed_out:
         raise RuntimeError(f"training failed ({outcome.returncode}): {outcome.stderr[-3000:]}")
     ranks_steps = []
@@ -186,10 +192,10 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
     machine_ms = statistics.median(ranks_steps[0][s][2] for s in kept)
     return {"step_ms": step_ms, "steps_ms": [ranks_steps[0][s][0] for s in sorted(ranks_steps[0])],
             "ranks_cpu_ms": ours, "other_cores": max(0.0, machine_ms - ours) / step_ms,
-            "load_before": before, "load_after": after}
+            "load_before": before, "load_after": after, "link_counters": counted}
 
 
-def measure_all(data_path, out, only):
+def measure_all(data_path, out, only, queue_ms=200):
     from harness import cluster
     missing = cluster.missing_tools()
     if os.geteuid() != 0 or missing:
@@ -198,7 +204,7 @@ def measure_all(data_path, out, only):
     cases = [(c, link, p, m) for link in LINKS for c in CONFIGS for p in RANKS for m in MODES
              if not only or any(re.fullmatch(pattern, f"{c}/{link}/{p}/{m}") for pattern in only)]
     work = tempfile.mkdtemp(prefix="shaped.", dir="/tmp")
-    results = {"machine": machine(), "cases": []}
+    results = {"machine": machine(), "queue_ms": queue_ms, "cases": []}
     try:
         corpus = short_corpus(data_path, os.path.join(work, "ptb"))
         for link in [link for link in LINKS if any(case[1] == link for case in cases)]:
@@ -206,7 +212,7 @@ def measure_all(data_path, out, only):
             hosts = cluster.Cluster(max(RANKS), tempfile.mkdtemp(prefix="cl.", dir="/tmp"))
             try:
                 if link != "unshaped":
-                    hosts.cap(link)
+                    hosts.cap(link, queue=f"{queue_ms}ms")
                 for config, _, ranks, mode in [case for case in cases if case[1] == link]:
                     quiet = wait_for_quiet()
                     probed, compute, cpu = inputs(hosts, config, ranks, mode, os.path.abspath(data_path))
@@ -250,13 +256,15 @@ def main(argv=None):
     parser.add_argument("--out", default=DEFAULT_OUT, help="the JSON to write (default: %(default)s)")
     parser.add_argument("--only", action="append", default=[],
                         help="run only the cases CONFIG/LINK/RANKS/MODE that match this regular expression")
+    parser.add_argument("--queue_ms", type=int, default=200,
+                        help="how long a packet may wait in a shaped link's queue before it is dropped")
     parser.add_argument("--report_from", metavar="JSON", help="measure nothing: print the table of a saved run")
     args = parser.parse_args(argv)
     if args.report_from:
         with open(args.report_from) as f:
             results = json.load(f)
     else:
-        results = measure_all(args.data_path, args.out, args.only)
+        results = measure_all(args.data_path, args.out, args.only, args.queue_ms)
     from scaling.validation import table
     print("\n".join(table(results)))
     return 0
