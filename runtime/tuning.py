@@ -39,6 +39,8 @@ RECORD_NAME = "row_groups.json"
 MARGIN = 0.03
 ROUNDS = 2
 WARMUP_STEPS, WINDOWS, WINDOW_STEPS = 5, 3, 10
+# A candidate's whole process, TensorFlow's start included; config_large's steps take seconds.
+MEASURE_TIMEOUT_S = 900
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -134,10 +136,15 @@ def _measure_in_fresh_process(config_name, overrides, row_groups):
     task = json.dumps({"config": config_name, "set": list(overrides), "row_groups": row_groups})
     # In the caller's folder, where a config given as a path is found.
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "runtime.tuning", "--measure", task], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        done = subprocess.run([sys.executable, "-m", "runtime.tuning", "--measure", task], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                              timeout=MEASURE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timing {row_groups} row groups took over {MEASURE_TIMEOUT_S} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"measuring {row_groups} row groups failed: {done.stderr.strip()[-500:]}")
+        last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit status {done.returncode}"]
+        raise RuntimeError(f"timing {row_groups} row groups failed ({last[0].strip()})")
     return float(done.stdout.strip().splitlines()[-1])
 
 

@@ -119,3 +119,19 @@ def test_lm_ptb_times_the_candidates_then_reads_its_record(synthetic_corpus, tmp
             [summary_line]
     results = json.loads((tmp_path / "b" / "results.json").read_text())
     assert results["row_groups"] == groups
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_measurement_exits_1_with_its_last_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "cores", lambda: 2)
+    monkeypatch.setattr(tuning, "measure", lambda config, overrides, counts: {
+        groups: tuning._measure_in_fresh_process(config, overrides + ["no_such_key=1"], groups) for groups in counts})
+    with pytest.raises(SystemExit) as exit_:
+        tuning.resolve(_args())
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("--row_groups auto: timing 1, 2 row groups")
+    assert len(err) == 2 and err[1].startswith("error: --row_groups auto: timing 1 row groups failed (")
+    assert "no_such_key" in err[1] and err[1].endswith("); give --row_groups a number")
+    assert not (tmp_path / "lm_ptb" / tuning.RECORD_NAME).exists()
