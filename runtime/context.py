@@ -266,6 +266,11 @@ def set_horovod_tuning():
         os.environ.setdefault(key, value)
 
 
+def available_cores():
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def configure_cpu_threads(local_size, row_groups=1):
     """Splits the host's cores between the ranks on it; returns (intra, inter).
 
@@ -275,8 +280,7 @@ def configure_cpu_threads(local_size, row_groups=1):
     TF_INTRA_OP_PARALLELISM_THREADS and TF_INTER_OP_PARALLELISM_THREADS
     override the split, as in DeePMD-kit. Must run before TensorFlow starts.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_rank = max(1, cores // max(1, local_size))
+    per_rank = max(1, available_cores() // max(1, local_size))
     groups = max(1, row_groups)  # runtime/job.py refuses fewer than 1, once the run's log is set up
     default_inter = max(2, groups) if local_size == 1 else groups
     intra = int(os.environ.get("TF_INTRA_OP_PARALLELISM_THREADS", max(1, per_rank // groups)))

@@ -32,6 +32,7 @@ import filelock
 
 from core.atomic_files import atomic_write
 from core.errors import ERROR_EXIT, USAGE_EXIT, exit_code
+from runtime.context import available_cores
 
 AUTO = "auto"
 RECORD_NAME = "row_groups.json"
@@ -50,10 +51,6 @@ def cache_dir():
     return os.path.join(base, "lm_ptb")
 
 
-def cores():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def candidates(core_count, rows):
     """1, 2, 4, ... groups, while each group keeps at least one core and one row."""
     groups, found = 1, []
@@ -61,15 +58,6 @@ def candidates(core_count, rows):
         found.append(groups)
         groups *= 2
     return found
-
-
-def _cpu_model(cpuinfo="/proc/cpuinfo"):
-    try:
-        with open(cpuinfo) as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor())
-    except OSError:
-        return platform.processor()
 
 
 def _kernels_build():
@@ -90,8 +78,8 @@ def record_key(config, core_count):
     cell = config["cell"]
     flags = hashlib.sha256(" ".join(sorted(kernels.cpu_flags())).encode()).hexdigest()[:16]
     return json.dumps({
-        "cpu": _cpu_model(), "flags": flags, "cores": core_count, "tensorflow": tf.__version__,
-        "kernels": _kernels_build(),
+        "cpu": kernels.cpuinfo_value("model name") or platform.processor(), "flags": flags, "cores": core_count,
+        "tensorflow": tf.__version__, "kernels": _kernels_build(),
         "rows": config["batch_size"], "num_steps": config["num_steps"], "emb": config["emb"]["dim"],
         "units": cell["kwargs"]["num_units"], "layers": cell["num_layers"], "vocab": config["vocab_size"],
         "precision": config["precision"]}, sort_keys=True)
@@ -189,7 +177,7 @@ def resolve(args):
             raise
         args.row_groups = 1
         return 1
-    core_count = cores()
+    core_count = available_cores()
     key = record_key(config, core_count)
     path = os.path.join(cache_dir(), RECORD_NAME)
     try:

@@ -28,7 +28,7 @@ def _args(*extra):
 
 def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(tuning, "cores", lambda: 2)
+    monkeypatch.setattr(tuning, "available_cores", lambda: 2)
     calls = []
 
     def measure(config, overrides, group_counts):
@@ -56,7 +56,7 @@ def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_pat
 
 def test_a_damaged_record_is_measured_again_and_rewritten_whole(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(tuning, "cores", lambda: 2)
+    monkeypatch.setattr(tuning, "available_cores", lambda: 2)
     monkeypatch.setattr(tuning, "measure", lambda *_: {1: 30.0, 2: 31.0})
     path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
     path.parent.mkdir()
@@ -67,7 +67,7 @@ def test_a_damaged_record_is_measured_again_and_rewritten_whole(monkeypatch, tmp
 
 def test_one_core_has_nothing_to_measure(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(tuning, "cores", lambda: 1)
+    monkeypatch.setattr(tuning, "available_cores", lambda: 1)
     monkeypatch.setattr(tuning, "measure", lambda *_: pytest.fail("measured with one candidate"))
     args = _args()
     assert tuning.resolve(args) == 1
@@ -107,7 +107,7 @@ def test_lm_ptb_times_the_candidates_then_reads_its_record(synthetic_corpus, tmp
     record = json.loads((tmp_path / "cache" / "lm_ptb" / tuning.RECORD_NAME).read_text())
     (entry,) = record.values()
     groups = entry["row_groups"]
-    assert sorted(entry["ms"]) == [str(n) for n in tuning.candidates(tuning.cores(), 20)]
+    assert sorted(entry["ms"]) == [str(n) for n in tuning.candidates(tuning.available_cores(), 20)]
     assert all(ms > 0 for ms in entry["ms"].values())
     assert "--row_groups auto: timing" in first.stderr
     second = run_command([*command, "--output_dir", str(tmp_path / "b")], timeout=120, env=env)
@@ -124,7 +124,7 @@ def test_lm_ptb_times_the_candidates_then_reads_its_record(synthetic_corpus, tmp
 @pytest.mark.timeout(120)
 def test_a_failed_measurement_exits_1_with_its_last_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(tuning, "cores", lambda: 2)
+    monkeypatch.setattr(tuning, "available_cores", lambda: 2)
     monkeypatch.setattr(tuning, "measure", lambda config, overrides, counts: {
         groups: tuning._measure_in_fresh_process(config, overrides + ["no_such_key=1"], groups) for groups in counts})
     with pytest.raises(SystemExit) as exit_:

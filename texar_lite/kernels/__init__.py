@@ -42,13 +42,18 @@ def built_for(name, directory=DIRECTORY):
         return None
 
 
-def cpu_flags(cpuinfo=CPUINFO):
-    """The flags cpuinfo lists for this CPU (as on its first processor's "flags" line); none if unreadable."""
+def cpuinfo_value(name, cpuinfo=CPUINFO):
+    """The value of cpuinfo's first `name` line (as of the first processor); None if absent or unreadable."""
     try:
         with open(cpuinfo) as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name)), None)
     except OSError:
-        return []
+        return None
+
+
+def cpu_flags(cpuinfo=CPUINFO):
+    """The flags cpuinfo lists for this CPU (as on its first processor's "flags" line); none if unreadable."""
+    return (cpuinfo_value("flags", cpuinfo) or "").split()
 
 
 def load(name, directory=DIRECTORY, cpuinfo=CPUINFO):
