@@ -9,7 +9,7 @@ from runtime.config import load_config
 from texar_lite import decoder, kernels
 from texar_lite.decoder import LSTMDecoder
 from texar_lite.hparams import HParams
-from texar_lite.losses import sequence_sparse_softmax_cross_entropy
+from texar_lite.losses import sequence_sparse_softmax_cross_entropy, token_cross_entropy
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, ops_for
 from tiny_training import train_tiny
@@ -111,21 +111,51 @@ def test_the_bf16_boundary_ops_give_the_cast_and_add_values_bit_for_bit():
     np.testing.assert_array_equal(got, want)
 
 
+def test_the_fused_bf16_loss_gives_the_boundary_and_loss_ops_values_bit_for_bit():
+    rng = np.random.default_rng(11)
+    # 37 rows: two whole blocks of 16 and a part. 1008 columns keep every float32 row 64-byte aligned,
+    # as PTB's 10,000 do, so Eigen sums each row of the float32 logits in the same lanes as the fused
+    # op sums its aligned copy; other widths may round a row's sum differently, by an ulp.
+    product = tf.cast(rng.normal(size=(37, 1008)).astype(np.float32) * 8, tf.bfloat16)
+    bias = tf.constant(rng.normal(size=1008).astype(np.float32))
+    labels = tf.constant(rng.integers(0, 1008, size=37), tf.int32)
+    nll, backprop, d_bias = kernels.SOFTMAX_XENT.bf16_affine_softmax_cross_entropy(product, bias, labels)
+    want_nll, want_backprop = kernels.SOFTMAX_XENT.softmax_cross_entropy_in_place(
+        kernels.SOFTMAX_XENT.bf16_product_plus_bias(product, bias), labels)
+    np.testing.assert_array_equal(nll.numpy(), want_nll.numpy())
+    np.testing.assert_array_equal(_bf16_bits(backprop), _bf16_bits(tf.cast(want_backprop, tf.bfloat16)))
+    # The bias gradient: the unrounded rows summed in float32 in blocks of 16, then the blocks in order.
+    want = np.zeros(1008, np.float32)
+    for start in range(0, 37, 16):
+        block = np.zeros(1008, np.float32)
+        for row in want_backprop.numpy()[start:start + 16]:
+            block += row
+        want += block
+    np.testing.assert_array_equal(d_bias.numpy(), want)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"labels\[1\] = 1008 is outside \[0, 1008\)"):
+        kernels.SOFTMAX_XENT.bf16_affine_softmax_cross_entropy(product[:2], bias, tf.constant([0, 1008]))
+
+
 def test_the_bf16_boundary_changes_no_gradient_but_the_biases_order_of_summation():
-    config = load_config("tests/config_tiny.py", ["precision=mixed_bfloat16", "vocab_size=200"])
+    # 208 words: float32 rows of whole 64-byte lines, as PTB's 10,000 (see the loss op test above).
+    config = load_config("tests/config_tiny.py", ["precision=mixed_bfloat16", "vocab_size=208"])
     rng = np.random.default_rng(3)
-    x = rng.integers(0, 200, size=(config["num_steps"], config["batch_size"])).astype(np.int32)
-    grads = {}
+    x = rng.integers(0, 208, size=(config["num_steps"], config["batch_size"])).astype(np.int32)
+    grads, losses = {}, {}
     for boundary in (True, False):
-        model = LanguageModel(config, 200, seed=5)
+        model = LanguageModel(config, 208, seed=5)
         assert model.decoder.bf16_boundary
         model.decoder.bf16_boundary = boundary
         with tf.GradientTape() as tape:
             logits, _ = model(x, model.zero_state(config["batch_size"]))
             loss = sequence_sparse_softmax_cross_entropy(np.roll(x, -1, axis=0), logits, time_major=True,
                                                          average_across_batch=False, ops=model.ops)
+        # With the boundary the losses read the bf16 product and the bias (the fused bf16 loss).
+        losses[boundary] = (loss.numpy(), token_cross_entropy(np.roll(x, -1, axis=0), logits, ops=model.ops).numpy())
         grads[boundary] = {var.name: tf.convert_to_tensor(grad).numpy() for var, grad in
                            zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables))}
+    np.testing.assert_array_equal(losses[True][0], losses[False][0])
+    np.testing.assert_array_equal(losses[True][1], losses[False][1])
     biases = [name for name in grads[True] if "bias" in name]
     assert len(biases) == 3
     for name, got in grads[True].items():

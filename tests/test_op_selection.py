@@ -27,6 +27,8 @@ from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops
 
 CUSTOM_OPS = {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace"}
+# Under mixed_bfloat16 the loss reads the softmax layer's bf16 product and bias in its place.
+BF16_LOSS = "Bf16AffineSoftmaxCrossEntropy"
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
 NOT_BUILT = "the fused kernel is not built: run make setup"
 BF16_REASON = ("precision is mixed_bfloat16, and the fused kernel's bf16 products need avx512_bf16, which this CPU "
@@ -198,7 +200,7 @@ def test_a_cpu_without_bf16_products_runs_mixed_bfloat16_with_the_tf_ops_cell(mo
     model, types = _traced_op_types("CPU", precision="mixed_bfloat16")
     assert model.decoder.cell is decoder.TF_OPS_CELL
     assert summary._lstm_cell(model.ops) == f"TF ops ({BF16_REASON})"
-    assert types & CUSTOM_OPS == {"SoftmaxCrossEntropyInPlace"}
+    assert types & (CUSTOM_OPS | {BF16_LOSS}) == {BF16_LOSS}
 
 
 @pytest.mark.skipif(kernels.LSTM_BF16_PRODUCTS is None, reason="this CPU has no bf16 products")
@@ -209,6 +211,8 @@ def test_a_cpu_with_bf16_products_runs_mixed_bfloat16_with_the_fused_cell():
     # Each LSTM op of the train and eval steps reads the bf16 kernel copy, on AMX where this CPU has it.
     ops = {key for key in counts if isinstance(key, tuple)}
     assert ops == {(op, "bfloat16", amx) for op in ("LstmSequenceForward", "LstmSequenceBackward")}
+    # The train and eval steps' losses read the bf16 product, not float32 logits.
+    assert counts[BF16_LOSS] == 2 and "SoftmaxCrossEntropyInPlace" not in counts
 
 
 def test_the_unavailable_loss_kernel_is_reported(monkeypatch):

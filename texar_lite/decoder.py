@@ -5,6 +5,7 @@ from texar_lite import kernels
 from texar_lite.dropout import RowDropout
 from texar_lite.hparams import expect_merged
 from texar_lite.initializers import uniform_initializer
+from texar_lite.losses import with_bf16_parts
 
 # Texar's LSTM cell types. All of them compute the same BasicLSTMCell
 # equations (gates i, j, f, o; forget_bias added to f; no peepholes).
@@ -90,13 +91,15 @@ class LSTMDecoder(tf.Module):
     def zero_state(self, batch_size):
         return tf.zeros([self.num_layers, 2, batch_size, self.num_units])
 
-    def _affine(self, x, kernel, bias):
+    def _affine(self, x, kernel, bias, shape):
+        """x [N, D] x kernel + bias, reshaped to shape. Across the bf16 boundary the result
+        carries its parts, the bf16 product and the bias, for the loss to read instead."""
         if self.matmul_dtype == tf.float32:
-            return _affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias))
+            return tf.reshape(_affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias)), shape)
         product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
         if self.bf16_boundary:
-            return _bf16_product_plus_bias(product, bias)
-        return tf.cast(product, tf.float32) + bias
+            return with_bf16_parts(tf.reshape(_bf16_product_plus_bias(product, bias), shape), product, bias)
+        return tf.reshape(tf.cast(product, tf.float32) + bias, shape)
 
     def _gate_bias(self, layer):
         # forget_bias joins the f quarter of the bias once per call instead of
@@ -132,16 +135,15 @@ class LSTMDecoder(tf.Module):
                 # The input projection has no time dependency: one matmul for
                 # the whole chunk leaves only the [B, H] x [H, 4H] product in the loop.
                 flat = tf.reshape(layer_input, [-1, layer_input.shape[-1]])
-                projected = tf.reshape(self._affine(flat, self.input_kernels[layer], biases[layer]),
-                                       [stop - start, -1, 4 * self.num_units])
+                projected = self._affine(flat, self.input_kernels[layer], biases[layer],
+                                         [stop - start, -1, 4 * self.num_units])
                 layer_input, c[layer], h[layer] = _lstm_sequence(projected, c[layer], h[layer], kernels[layer],
                                                                  self.cell)
                 if masks:
                     layer_input = RowDropout.apply(layer_input, masks[layer][start:stop], rate)
             top_outputs.append(layer_input)
         flat = tf.reshape(tf.concat(top_outputs, 0), [-1, self.num_units])
-        logits = self._affine(flat, self.output_kernel, self.output_bias)
-        logits = tf.reshape(logits, [num_steps, -1, self.output_kernel.shape[1]])
+        logits = self._affine(flat, self.output_kernel, self.output_bias, [num_steps, -1, self.output_kernel.shape[1]])
         return logits, tf.stack([tf.stack([c[layer], h[layer]]) for layer in range(self.num_layers)])
 
 

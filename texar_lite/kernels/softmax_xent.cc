@@ -26,6 +26,16 @@
 // the same f32 add, and the narrowing cast rounds to nearest even, as TF's
 // Cast does. The bias gradient sums each column's rows in row order, so it
 // is the same for any number of threads.
+//
+// At the softmax layer even that boundary is more traffic than needed: its
+// float32 logits go from one op to the loss and back as a gradient, 16 MB
+// each way in the small config. Bf16AffineSoftmaxCrossEntropy reads the bf16
+// product and the bias, and writes the bf16 gradient over the product, with
+// the same values as Bf16ProductPlusBias, then SoftmaxCrossEntropyInPlace,
+// then Bf16ProductPlusBiasGrad. Each row's float32 logits live only in the
+// core's cache. The bias gradient sums fixed blocks of rows, then the
+// blocks in order, so its order depends on the rows alone, never on the
+// threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -60,6 +70,35 @@ REGISTER_OP("SoftmaxCrossEntropyInPlace")
       return tsl::OkStatus();
     });
 
+// Labels must be [rows], each in [0, vocab): an out-of-range one would index past a row.
+template <typename Label>
+Status CheckLabels(const Tensor& labels_t, int64_t rows, int64_t vocab) {
+  if (labels_t.dims() != 1 || labels_t.dim_size(0) != rows) {
+    return InvalidArgument("labels must be [", rows, "], got ", labels_t.shape().DebugString());
+  }
+  if (vocab <= 0) return InvalidArgument("logits must have at least one column");
+  const auto labels = labels_t.flat<Label>();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (labels(r) < 0 || labels(r) >= vocab) {
+      return InvalidArgument("labels[", r, "] = ", labels(r), " is outside [0, ", vocab, ")");
+    }
+  }
+  return tsl::OkStatus();
+}
+
+// One row's loss over its float32 logits: nll = log(s) + m - logits[label],
+// and the row becomes softmax - onehot(label).
+inline float SoftmaxCrossEntropyRow(float* logits_row, int64_t vocab, int64_t label) {
+  Eigen::Map<Eigen::ArrayXf> row(logits_row, vocab);
+  const float label_logit = row(label);
+  const float max = row.maxCoeff();
+  row = (row - max).exp();
+  const float sum = row.sum();
+  row *= 1.0f / sum;
+  row(label) -= 1.0f;
+  return std::log(sum) + max - label_logit;
+}
+
 template <typename Label>
 class SoftmaxCrossEntropyInPlaceOp : public OpKernel {
  public:
@@ -71,14 +110,8 @@ class SoftmaxCrossEntropyInPlaceOp : public OpKernel {
     OP_REQUIRES(ctx, logits_t.dims() == 2,
                 InvalidArgument("logits must be a [N, V] matrix, got ", logits_t.shape().DebugString()));
     const int64_t rows = logits_t.dim_size(0), vocab = logits_t.dim_size(1);
-    OP_REQUIRES(ctx, labels_t.dims() == 1 && labels_t.dim_size(0) == rows,
-                InvalidArgument("labels must be [", rows, "], got ", labels_t.shape().DebugString()));
-    OP_REQUIRES(ctx, vocab > 0, InvalidArgument("logits must have at least one column"));
+    OP_REQUIRES_OK(ctx, CheckLabels<Label>(labels_t, rows, vocab));
     const auto labels = labels_t.flat<Label>();
-    for (int64_t r = 0; r < rows; ++r) {
-      OP_REQUIRES(ctx, labels(r) >= 0 && labels(r) < vocab,
-                  InvalidArgument("labels[", r, "] = ", labels(r), " is outside [0, ", vocab, ")"));
-    }
     Tensor *nll_t, *backprop_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows}), &nll_t));
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 1, logits_t.shape(), &backprop_t));
@@ -88,16 +121,9 @@ class SoftmaxCrossEntropyInPlaceOp : public OpKernel {
 
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        Eigen::Map<const Eigen::ArrayXf> in(logits + r * vocab, vocab);
-        Eigen::Map<Eigen::ArrayXf> out(backprop + r * vocab, vocab);
-        // Read before `out` may overwrite it (the buffers can be the same).
-        const float label_logit = in(labels(r));
-        const float max = in.maxCoeff();
-        out = (in - max).exp();
-        const float sum = out.sum();
-        out *= 1.0f / sum;
-        out(labels(r)) -= 1.0f;
-        nll[r] = std::log(sum) + max - label_logit;
+        float* out = backprop + r * vocab;
+        if (out != logits + r * vocab) std::copy(logits + r * vocab, logits + (r + 1) * vocab, out);
+        nll[r] = SoftmaxCrossEntropyRow(out, vocab, labels(r));
       }
     };
     // Cost per row in cycles, roughly: an exp and a few passes per column.
@@ -217,8 +243,100 @@ class Bf16ProductPlusBiasGradOp : public OpKernel {
   }
 };
 
+REGISTER_OP("Bf16AffineSoftmaxCrossEntropy")
+    .Input("product: bfloat16")    // [N, V]: the softmax layer's bf16 product
+    .Input("bias: float")          // [V]
+    .Input("labels: Tlabels")      // [N], each in [0, V)
+    .Output("nll: float")          // [N]: -log softmax(float(product) + bias)[label]
+    .Output("backprop: bfloat16")  // [N, V]: (softmax - onehot) rounded to bf16; may reuse the product's buffer
+    .Output("d_bias: float")       // [V]: the unrounded backprop's column sums
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle product, bias, labels;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &product));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bias));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &labels));
+      shape_inference::DimensionHandle rows, columns;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(product, 0), c->Dim(labels, 0), &rows));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(product, 1), c->Dim(bias, 0), &columns));
+      c->set_output(0, c->Vector(rows));
+      c->set_output(1, c->Matrix(rows, columns));
+      c->set_output(2, c->Vector(columns));
+      return tsl::OkStatus();
+    });
+
+// The rows whose bias gradient one partial sum holds: a fixed count, so the
+// order of summation is the same however the blocks are shared out.
+constexpr int64_t kBiasRowBlock = 16;
+
+template <typename Label>
+class Bf16AffineSoftmaxCrossEntropyOp : public OpKernel {
+ public:
+  explicit Bf16AffineSoftmaxCrossEntropyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& product_t = ctx->input(0);
+    const Tensor& bias_t = ctx->input(1);
+    const Tensor& labels_t = ctx->input(2);
+    OP_REQUIRES(ctx, product_t.dims() == 2 && bias_t.dims() == 1 && bias_t.dim_size(0) == product_t.dim_size(1),
+                InvalidArgument("product must be [N, V] and bias [V], got ", product_t.shape().DebugString(), " and ",
+                                bias_t.shape().DebugString()));
+    const int64_t rows = product_t.dim_size(0), vocab = product_t.dim_size(1);
+    OP_REQUIRES_OK(ctx, CheckLabels<Label>(labels_t, rows, vocab));
+    const auto labels = labels_t.flat<Label>();
+    const int64_t blocks = (rows + kBiasRowBlock - 1) / kBiasRowBlock;
+    Tensor *nll_t, *backprop_t, *d_bias_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows}), &nll_t));
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 1, product_t.shape(), &backprop_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({vocab}), &d_bias_t));
+    Tensor partial_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({blocks, vocab}), &partial_t));
+    const auto* product = reinterpret_cast<const uint16_t*>(product_t.flat<bfloat16>().data());
+    const float* bias = bias_t.flat<float>().data();
+    auto* backprop = reinterpret_cast<uint16_t*>(backprop_t->flat<bfloat16>().data());
+    float* nll = nll_t->flat<float>().data();
+    float* partial = partial_t.flat<float>().data();
+    float* d_bias = d_bias_t->flat<float>().data();
+
+    auto rows_work = [&](int64_t begin, int64_t end) {
+      Eigen::ArrayXf row(vocab);
+      float* logits = row.data();
+      for (int64_t block = begin; block < end; ++block) {
+        float* acc = partial + block * vocab;
+        std::fill(acc, acc + vocab, 0.0f);
+        for (int64_t r = block * kBiasRowBlock; r < std::min(rows, (block + 1) * kBiasRowBlock); ++r) {
+          const uint16_t* in = product + r * vocab;
+          uint16_t* out = backprop + r * vocab;
+          for (int64_t k = 0; k < vocab; ++k) logits[k] = WidenBf16(in[k]) + bias[k];
+          nll[r] = SoftmaxCrossEntropyRow(logits, vocab, labels(r));
+          for (int64_t k = 0; k < vocab; ++k) {
+            out[k] = RoundToBf16(logits[k]);
+            acc[k] += logits[k];
+          }
+        }
+      }
+    };
+    auto columns_work = [&](int64_t begin, int64_t end) {
+      std::fill(d_bias + begin, d_bias + end, 0.0f);
+      for (int64_t block = 0; block < blocks; ++block) {
+        const float* acc = partial + block * vocab;
+        for (int64_t k = begin; k < end; ++k) d_bias[k] += acc[k];
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers->num_threads, workers->workers, blocks, 34 * vocab * kBiasRowBlock, rows_work);
+    Shard(workers->num_threads, workers->workers, vocab, blocks, columns_work);
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("Bf16ProductPlusBias").Device(DEVICE_CPU), Bf16ProductPlusBiasOp);
 REGISTER_KERNEL_BUILDER(Name("Bf16ProductPlusBiasGrad").Device(DEVICE_CPU), Bf16ProductPlusBiasGradOp);
+REGISTER_KERNEL_BUILDER(
+    Name("Bf16AffineSoftmaxCrossEntropy").Device(DEVICE_CPU).TypeConstraint<int32>("Tlabels"),
+    Bf16AffineSoftmaxCrossEntropyOp<int32>);
+REGISTER_KERNEL_BUILDER(
+    Name("Bf16AffineSoftmaxCrossEntropy").Device(DEVICE_CPU).TypeConstraint<int64>("Tlabels"),
+    Bf16AffineSoftmaxCrossEntropyOp<int64>);
 
 }  // namespace
 }  // namespace tensorflow
