@@ -22,6 +22,9 @@ and every measured step; tests/test_scaling_model.py recomputes the predictions 
 Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
 the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
 and sent again. --queue_ms sets how long a packet may wait in a tbf queue (200 ms by default).
+--mca NAME=VALUE sets an Open MPI parameter for every job of the run, probe and training alike
+(as OMPI_MCA_NAME in their environment), e.g. the allreduce algorithm:
+`--mca coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=3`.
 Under a launcher the script is also each rank's entry (`train ARGS`: lm_ptb_distributed.py's
 main with the step-time callback).
 """
@@ -195,7 +198,7 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
             "load_before": before, "load_after": after, "link_counters": counted}
 
 
-def measure_all(data_path, out, only, queue_ms=200):
+def measure_all(data_path, out, only, queue_ms=200, mca=None):
     from harness import cluster
     missing = cluster.missing_tools()
     if os.geteuid() != 0 or missing:
@@ -204,7 +207,10 @@ def measure_all(data_path, out, only, queue_ms=200):
     cases = [(c, link, p, m) for link in LINKS for c in CONFIGS for p in RANKS for m in MODES
              if not only or any(re.fullmatch(pattern, f"{c}/{link}/{p}/{m}") for pattern in only)]
     work = tempfile.mkdtemp(prefix="shaped.", dir="/tmp")
-    results = {"machine": machine(), "queue_ms": queue_ms, "cases": []}
+    # mpirun hands its OMPI_MCA_ variables to every rank it starts, on every host.
+    mca = dict(mca or {})
+    os.environ.update({f"OMPI_MCA_{name}": value for name, value in mca.items()})
+    results = {"machine": machine(), "queue_ms": queue_ms, "mca": mca, "cases": []}
     try:
         corpus = short_corpus(data_path, os.path.join(work, "ptb"))
         for link in [link for link in LINKS if any(case[1] == link for case in cases)]:
@@ -246,6 +252,14 @@ def machine():
             "commit": commit}
 
 
+def mca_setting(text):
+    """NAME=VALUE -> (NAME, VALUE), for --mca."""
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z0-9_]+", name):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with an Open MPI parameter's name, got {text!r}")
+    return name, value
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:
@@ -258,13 +272,15 @@ def main(argv=None):
                         help="run only the cases CONFIG/LINK/RANKS/MODE that match this regular expression")
     parser.add_argument("--queue_ms", type=int, default=200,
                         help="how long a packet may wait in a shaped link's queue before it is dropped")
+    parser.add_argument("--mca", action="append", default=[], type=mca_setting, metavar="NAME=VALUE",
+                        help="an Open MPI parameter for every job (repeatable)")
     parser.add_argument("--report_from", metavar="JSON", help="measure nothing: print the table of a saved run")
     args = parser.parse_args(argv)
     if args.report_from:
         with open(args.report_from) as f:
             results = json.load(f)
     else:
-        results = measure_all(args.data_path, args.out, args.only, args.queue_ms)
+        results = measure_all(args.data_path, args.out, args.only, args.queue_ms, dict(args.mca))
     from scaling.validation import table
     print("\n".join(table(results)))
     return 0
