@@ -252,9 +252,21 @@ def _open_mpi_version():
 # BENCHMARKS.md's lever table compares these settings with Horovod's own.
 HOROVOD_TUNING = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"}
 
+# Open MPI's own allreduce of a large tensor over two ranks (Rabenseifner's)
+# sends half of it each way, then the other half. Between two hosts over TCP
+# many steps then take one half-tensor's transfer longer; recursive doubling
+# sends the same bytes in one exchange, and on the namespace hosts of
+# docs/how_many_hosts.md it ran every step at the link's rate. Only for one
+# rank on each of two hosts: over loopback TCP on one host it was slower.
+# MPI reads its parameters from the environment at hvd.init().
+TWO_HOSTS_ALLREDUCE = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "3"}
+# A choice of the user's: mpirun -mca, or the environment, or a rules file.
+USERS_ALLREDUCE = (*TWO_HOSTS_ALLREDUCE, "OMPI_MCA_coll_tuned_dynamic_rules_filename")
+
 
 def set_horovod_tuning():
-    """Sets HOROVOD_TUNING's values where the environment leaves them unset; must
+    """Sets HOROVOD_TUNING's values where the environment leaves them unset, and for two ranks
+    that mpirun put on two hosts, TWO_HOSTS_ALLREDUCE where the user chose no allreduce; must
     run before hvd.init().
 
     Not in an elastic run: with both set, Horovod 0.28.1's background thread
@@ -264,6 +276,9 @@ def set_horovod_tuning():
         return
     for key, value in HOROVOD_TUNING.items():
         os.environ.setdefault(key, value)
+    two_hosts = (os.environ.get("OMPI_COMM_WORLD_SIZE"), os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")) == ("2", "1")
+    if two_hosts and not any(name in os.environ for name in USERS_ALLREDUCE):
+        os.environ.update(TWO_HOSTS_ALLREDUCE)
 
 
 def available_cores():

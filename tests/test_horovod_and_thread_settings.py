@@ -106,6 +106,30 @@ def test_set_horovod_tuning_fills_only_what_the_environment_leaves_unset(monkeyp
     assert (os.environ["HOROVOD_FUSION_THRESHOLD"], os.environ["HOROVOD_CYCLE_TIME"]) == ("0", "5")
 
 
+@pytest.mark.parametrize("world, local, users, want", [
+    ("2", "1", {}, context.TWO_HOSTS_ALLREDUCE),  # one rank on each of two hosts
+    ("2", "2", {}, {}),  # two ranks on one host
+    ("4", "1", {}, {}),  # more hosts: Open MPI's own choice
+    (None, None, {}, {}),  # no mpirun
+    ("2", "1", {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}),
+    ("2", "1", {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"},
+     {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"}),
+])
+def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, world, local, users, want):
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    for name, value in {"OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_SIZE": local}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    for name in (*context.USERS_ALLREDUCE, *context.HOROVOD_TUNING):  # restored after the test
+        monkeypatch.delenv(name, raising=False)
+    for name, value in users.items():
+        monkeypatch.setenv(name, value)
+    context.set_horovod_tuning()
+    assert {name: os.environ[name] for name in context.USERS_ALLREDUCE if name in os.environ} == want
+
+
 def test_set_horovod_tuning_leaves_an_elastic_run_alone(monkeypatch):
     """horovodrun's elastic mode sets HOROVOD_ELASTIC=1 in every worker."""
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
