@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.analytic import gradient_bytes
 from conftest import PYTHON, ROOT, run_command
+from runtime import context
 from runtime.config import load_config
 from scaling import validation
 from scaling.links import LINKS
@@ -17,6 +18,8 @@ from scaling.model import (Compute, Horovod, Link, Machine, Shape, allgather_s, 
                            gradients, predict_step)
 
 SHAPED_LINKS = os.path.join(ROOT, "results", "scaling", "shaped_links.json")
+# The 2-rank cases again, with the allreduce set_horovod_tuning sets for one rank on each of two hosts.
+TWO_HOSTS = os.path.join(ROOT, "results", "scaling", "two_hosts_recursive_doubling.json")
 LINK = Link(bandwidth=100e6, latency=50e-6)
 GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
 
@@ -133,10 +136,30 @@ def test_without_the_bandwidth_term_the_model_misses(shaped_links):
     assert sum(abs(error) > validation.BOUND for _, _, error in errors) >= 24
 
 
-def test_the_docs_table_is_the_committed_runs_table(shaped_links):
+def test_the_docs_tables_are_the_committed_runs_tables(shaped_links, two_hosts):
     with open(os.path.join(ROOT, "docs", "how_many_hosts.md")) as f:
         docs = f.read()
-    assert "\n".join(validation.table(shaped_links)) + "\n" in docs
+    for runs in (shaped_links, two_hosts):
+        assert "\n".join(validation.table(runs)) + "\n" in docs
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    with open(TWO_HOSTS) as f:
+        return json.load(f)
+
+
+def test_the_model_on_two_hosts_with_recursive_doubling(two_hosts):
+    """The goal is every case within validation.BOUND (15%). With the allreduce the suite sets on
+    two hosts, 10 of the 12 are; config_medium at 100 Mbit/s is 30-38% low. The test holds the
+    model to that, and the runs to the setting the code makes."""
+    assert two_hosts["mca"] == {name[len("OMPI_MCA_"):]: value for name, value in context.TWO_HOSTS_ALLREDUCE.items()}
+    cases = {(c["config"], c["link"], c["ranks"], c["mode"]) for c in two_hosts["cases"]}
+    assert cases == {(config, link, 2, mode) for config in ("config_small", "config_medium")
+                     for link in ("unshaped", "1gbit", "100mbit") for mode in ("global", "per_worker")}
+    errors = [error for _, _, error in validation.errors(two_hosts)]
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 10
+    assert max(errors) <= validation.BOUND and min(errors) > -0.5
 
 
 # --- against Texar's two-host K80 runs ----------------------------------------------------------
