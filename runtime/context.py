@@ -257,7 +257,8 @@ HOROVOD_TUNING = {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.2"}
 # many steps then take one half-tensor's transfer longer; recursive doubling
 # sends the same bytes in one exchange, and on the namespace hosts of
 # docs/how_many_hosts.md it ran every step at the link's rate. Only for one
-# rank on each of two hosts: over loopback TCP on one host it was slower.
+# rank on each of two hosts: over loopback TCP on one host it was slower, and
+# on more hosts it sends more bytes than Open MPI's choice.
 # MPI reads its parameters from the environment at hvd.init().
 TWO_HOSTS_ALLREDUCE = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "3"}
 # A choice of the user's: mpirun -mca, or the environment, or a rules file.
