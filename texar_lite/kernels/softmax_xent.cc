@@ -181,6 +181,15 @@ inline uint16_t RoundToBf16(float value) {
   return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
 }
 
+// A bf16 product [N, K] and the float32 bias [K] that joins each of its rows.
+inline Status CheckProductAndBias(const Tensor& product_t, const Tensor& bias_t) {
+  if (product_t.dims() != 2 || bias_t.dims() != 1 || bias_t.dim_size(0) != product_t.dim_size(1)) {
+    return InvalidArgument("product must be [N, K] and bias [K], got ", product_t.shape().DebugString(), " and ",
+                           bias_t.shape().DebugString());
+  }
+  return tsl::OkStatus();
+}
+
 class Bf16ProductPlusBiasOp : public OpKernel {
  public:
   explicit Bf16ProductPlusBiasOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -188,9 +197,7 @@ class Bf16ProductPlusBiasOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& product_t = ctx->input(0);
     const Tensor& bias_t = ctx->input(1);
-    OP_REQUIRES(ctx, product_t.dims() == 2 && bias_t.dims() == 1 && bias_t.dim_size(0) == product_t.dim_size(1),
-                InvalidArgument("product must be [N, K] and bias [K], got ", product_t.shape().DebugString(), " and ",
-                                bias_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckProductAndBias(product_t, bias_t));
     const int64_t rows = product_t.dim_size(0), columns = product_t.dim_size(1);
     Tensor* sum_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, product_t.shape(), &sum_t));
@@ -278,9 +285,7 @@ class Bf16AffineSoftmaxCrossEntropyOp : public OpKernel {
     const Tensor& product_t = ctx->input(0);
     const Tensor& bias_t = ctx->input(1);
     const Tensor& labels_t = ctx->input(2);
-    OP_REQUIRES(ctx, product_t.dims() == 2 && bias_t.dims() == 1 && bias_t.dim_size(0) == product_t.dim_size(1),
-                InvalidArgument("product must be [N, V] and bias [V], got ", product_t.shape().DebugString(), " and ",
-                                bias_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckProductAndBias(product_t, bias_t));
     const int64_t rows = product_t.dim_size(0), vocab = product_t.dim_size(1);
     OP_REQUIRES_OK(ctx, CheckLabels<Label>(labels_t, rows, vocab));
     const auto labels = labels_t.flat<Label>();
