@@ -166,14 +166,15 @@ def as_bf16(tensor):
 
 
 @pytest.mark.parametrize("products", BF16_PRODUCTS)
-@pytest.mark.parametrize("batch, units", [(1, 1), (6, 9), (17, 17), (5, 50), (21, 8), (16, 64)])
+@pytest.mark.parametrize("batch, units", [(1, 1), (6, 9), (17, 17), (5, 50), (21, 8), (16, 64), (35, 20)])
 def test_bf16_products_are_exact_products_of_the_rounded_operands(products, batch, units):
     # A product of two bf16 values is exact in float32, so the bf16 products equal float32
     # products of the rounded operands up to the order of summation. One step each way: forward
     # as the float32 op with h0 rounded and W_h as its bf16 copy; backward d_h0 = bf16(d_gates)
-    # W_h^T. vdpbf16ps tiles of 5 rows by 4 vectors, AMX tiles of 16 rows by 16 columns, pairs
-    # padded to 16, columns to 16: these shapes leave every short tile, an odd depth (units 1,
-    # 9, 17) and column tails both ways. Zero gates make h depend on every column of h_prev W_h.
+    # W_h^T. vdpbf16ps tiles of 5 rows by 4 vectors, AMX tiles of 16 rows by 16 columns (two row
+    # blocks at a time over 16 rows, 35 rows as 16 + 16 and then 3), pairs padded to 16, columns
+    # to 16: these shapes leave every short tile, an odd depth (units 1, 9, 17) and column tails
+    # both ways. Zero gates make h depend on every column of h_prev W_h.
     projected, c, h, kernel, d_outputs, d_c, d_h = bf16_run(np.random.default_rng(4), steps=1, batch=batch,
                                                             units=units, kernel_scale=1.0)
     projected = tf.zeros_like(projected)

@@ -320,7 +320,10 @@ class Fp32Products {
 // product is with W_h^T, word (p, q) = W_h[q, 2p], W_h[q, 2p + 1]. The rows
 // of h_prev or d_gates are rounded into [B, pairs] words at every step.
 // Pairs are padded with zeros to whole AMX tiles (16 pairs), columns to whole
-// vectors (16); a zero pair adds +0 to a sum, which leaves it as it was.
+// vectors (16); a zero pair adds +0 to a sum, which leaves it as it was. For
+// AMX the words go in panels of 16 columns instead, each [pairs, 16] in one
+// piece: every step reads the whole kernel, and read down a panel it streams
+// from memory in order rather than in 16 rows far apart.
 //
 // As in the float32 tiles, every output element is summed over its pairs in
 // one fixed order whatever the batch and the threads, so a rank's rows come
@@ -441,9 +444,13 @@ TARGET_BF16 void MultiplyPairs(const uint32_t* a, int64_t rows, int64_t lda, int
   }
 }
 
-// Tiles 0-3 accumulate up to 4 column tiles of the output, 16 floats wide;
-// tile 4 holds `rows` rows of the left operand, 16 pairs each; tiles 5 and 6
-// take turns holding 16 pairs of 16 kernel columns.
+// One row block (up to 16 rows): tiles 0-3 accumulate up to 4 column tiles
+// of the output, 16 floats wide; tile 4 holds the block's rows of the left
+// operand, 16 pairs each; tiles 5 and 6 take turns holding 16 pairs of 16
+// kernel columns. Two row blocks (17 to 32 rows): tiles 0-1 and 2-3
+// accumulate 2 column tiles of the first and the second block, tiles 4 and 5
+// hold the blocks' rows, tiles 6 and 7 the kernel's 2 column tiles, which
+// both blocks then read from one load.
 struct TileConfig {
   uint8_t palette;
   uint8_t start_row;
@@ -452,12 +459,15 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-TARGET_AMX void ConfigureTiles(int rows) {
+// first, second: the rows of the first and the second block (0 for one block).
+TARGET_AMX void ConfigureTiles(int first, int second) {
   alignas(64) TileConfig config = {};
   config.palette = 1;
-  for (int t = 0; t < 7; ++t) {
-    config.bytes_per_row[t] = kLanes * 4;
-    config.rows[t] = t < 5 ? rows : kTilePairs;
+  const int tile_rows[2][8] = {{first, first, first, first, first, kTilePairs, kTilePairs, 0},
+                               {first, first, second, second, first, second, kTilePairs, kTilePairs}};
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = tile_rows[second > 0][t];
+    config.bytes_per_row[t] = config.rows[t] ? kLanes * 4 : 0;
   }
   _tile_loadconfig(&config);
 }
@@ -466,31 +476,39 @@ TARGET_AMX void ConfigureTiles(int rows) {
 // the memory they read and write.
 inline void MemoryBarrier() { asm volatile("" ::: "memory"); }
 
+// out[r, c] (r < rows, c < count <= 16) = the accumulator `buffer` [16, 16]'s
+// rows, for a tile of the output's last columns: a tile stores whole rows of 16.
+void StorePart(const float* buffer, float* out, int64_t ldo, int rows, int64_t count) {
+  for (int r = 0; r < rows; ++r) std::memcpy(out + r * ldo, buffer + r * kLanes, count * 4);
+}
+
 // out[r, c] (r < rows, c < count <= 16 N) = sum over pairs of a[r, p] . w[p, c]:
-// N column tiles, 16 pairs at a time, in order.
+// N column tiles, 16 pairs at a time, in order. w is laid out in panels of
+// 16 columns, `panel` words apart, each [pairs, 16]: a tile of it is 1 KB in
+// one piece, and the tiles down a panel follow each other in memory.
 template <int N>
-TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t ldw, int64_t pairs, float* out,
-                        int64_t ldo, int rows, int64_t count) {
+TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t panel, int64_t pairs,
+                        float* out, int64_t ldo, int rows, int64_t count) {
   _tile_zero(0);
   if (N > 1) _tile_zero(1);
   if (N > 2) _tile_zero(2);
   if (N > 3) _tile_zero(3);
   MemoryBarrier();
   for (int64_t k = 0; k < pairs; k += kTilePairs) {
-    const uint32_t* wk = w + k * ldw;
+    const uint32_t* wk = w + k * kLanes;
     _tile_loadd(4, a + k, lda * 4);
-    _tile_loadd(5, wk, ldw * 4);
+    _tile_loadd(5, wk, kLanes * 4);
     _tile_dpbf16ps(0, 4, 5);
     if (N > 1) {
-      _tile_loadd(6, wk + kLanes, ldw * 4);
+      _tile_loadd(6, wk + panel, kLanes * 4);
       _tile_dpbf16ps(1, 4, 6);
     }
     if (N > 2) {
-      _tile_loadd(5, wk + 2 * kLanes, ldw * 4);
+      _tile_loadd(5, wk + 2 * panel, kLanes * 4);
       _tile_dpbf16ps(2, 4, 5);
     }
     if (N > 3) {
-      _tile_loadd(6, wk + 3 * kLanes, ldw * 4);
+      _tile_loadd(6, wk + 3 * panel, kLanes * 4);
       _tile_dpbf16ps(3, 4, 6);
     }
   }
@@ -502,7 +520,6 @@ TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64
     MemoryBarrier();
     return;
   }
-  // The output's last columns: through a buffer, since a tile stores whole rows of 16.
   alignas(64) float buffer[N][kAmxRows * kLanes];
   _tile_stored(0, buffer[0], kLanes * 4);
   if (N > 1) _tile_stored(1, buffer[1], kLanes * 4);
@@ -510,71 +527,143 @@ TARGET_AMX void AmxTile(const uint32_t* a, int64_t lda, const uint32_t* w, int64
   if (N > 3) _tile_stored(3, buffer[3], kLanes * 4);
   MemoryBarrier();
   for (int t = 0; t < N; ++t) {
-    const int64_t left = std::min(count - t * kLanes, kLanes);
-    for (int r = 0; r < rows; ++r) std::memcpy(out + r * ldo + t * kLanes, buffer[t] + r * kLanes, left * 4);
+    StorePart(buffer[t], out + t * kLanes, ldo, rows, std::min(count - t * kLanes, kLanes));
   }
 }
 
-// out[:, first : first + count] = a [rows, pairs] . w[:, first : first + count] on AMX tiles, 16 rows at a time.
+// The same for two row blocks at once: rows [0, 16) and [16, 16 + second), N
+// <= 2 column tiles. Each kernel tile is loaded once for both blocks: the
+// kernel, not the rows, is what a step's product reads most of. Every output
+// element is summed in the same tile products, in the same order, as above.
+template <int N>
+TARGET_AMX void AmxTilePair(const uint32_t* a, int64_t lda, const uint32_t* w, int64_t panel, int64_t pairs,
+                            float* out, int64_t ldo, int second, int64_t count) {
+  _tile_zero(0);
+  _tile_zero(2);
+  if (N > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  MemoryBarrier();
+  const uint32_t* a_second = a + kAmxRows * lda;
+  for (int64_t k = 0; k < pairs; k += kTilePairs) {
+    const uint32_t* wk = w + k * kLanes;
+    _tile_loadd(4, a + k, lda * 4);
+    _tile_loadd(5, a_second + k, lda * 4);
+    _tile_loadd(6, wk, kLanes * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if (N > 1) {
+      _tile_loadd(7, wk + panel, kLanes * 4);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  float* out_second = out + kAmxRows * ldo;
+  if (count == N * kLanes) {
+    _tile_stored(0, out, ldo * 4);
+    _tile_stored(2, out_second, ldo * 4);
+    if (N > 1) {
+      _tile_stored(1, out + kLanes, ldo * 4);
+      _tile_stored(3, out_second + kLanes, ldo * 4);
+    }
+    MemoryBarrier();
+    return;
+  }
+  alignas(64) float buffer[4][kAmxRows * kLanes];
+  _tile_stored(0, buffer[0], kLanes * 4);
+  _tile_stored(2, buffer[2], kLanes * 4);
+  if (N > 1) {
+    _tile_stored(1, buffer[1], kLanes * 4);
+    _tile_stored(3, buffer[3], kLanes * 4);
+  }
+  MemoryBarrier();
+  for (int t = 0; t < N; ++t) {
+    const int64_t left = std::min(count - t * kLanes, kLanes);
+    StorePart(buffer[t], out + t * kLanes, ldo, kAmxRows, left);
+    StorePart(buffer[2 + t], out_second + t * kLanes, ldo, second, left);
+  }
+}
+
+// out [rows, count] = a [rows, pairs] . w [pairs, count] (w in panels, as above) on AMX
+// tiles: two row blocks at a time while more than 16 rows are left, then one.
 // The tiles are configured here every time: TF's oneDNN runs its own AMX
 // kernels on the same threads, with its own configuration.
 TARGET_AMX void MultiplyTiles(const uint32_t* a, int64_t rows, int64_t lda, int64_t pairs, const uint32_t* w,
-                              int64_t ldw, float* out, int64_t ldo, int64_t first, int64_t count) {
-  constexpr int64_t kWidth = 4 * kLanes;
-  w += first;
-  out += first;
-  int configured = 0;
-  for (int64_t r = 0; r < rows; r += kAmxRows) {
-    const int block = static_cast<int>(std::min(rows - r, kAmxRows));
-    if (block != configured) ConfigureTiles(configured = block);
+                              float* out, int64_t ldo, int64_t count) {
+  constexpr int64_t kWidth = 4 * kLanes, kPairWidth = 2 * kLanes;
+  const int64_t panel = pairs * kLanes;
+  int configured[2] = {-1, -1};
+  for (int64_t r = 0; r < rows;) {
     const uint32_t* a_rows = a + r * lda;
     float* out_rows = out + r * ldo;
     int64_t c = 0;
+    if (rows - r > kAmxRows) {
+      const int second = static_cast<int>(std::min(rows - r - kAmxRows, kAmxRows));
+      if (configured[0] != kAmxRows || configured[1] != second) ConfigureTiles(kAmxRows, second);
+      configured[0] = kAmxRows;
+      configured[1] = second;
+      for (; count - c > kLanes; c += kPairWidth) {  // the last of these may end in a part of a tile
+        AmxTilePair<2>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, second, std::min(count - c, kPairWidth));
+      }
+      if (c < count) AmxTilePair<1>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, second, count - c);
+      r += kAmxRows + second;
+      continue;
+    }
+    const int block = static_cast<int>(rows - r);
+    if (configured[0] != block || configured[1] != 0) ConfigureTiles(block, 0);
+    configured[0] = block;
+    configured[1] = 0;
     for (; count - c > kWidth - kLanes; c += kWidth) {  // the last of these may end in a part of a tile
-      AmxTile<4>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, std::min(count - c, kWidth));
+      AmxTile<4>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, block, std::min(count - c, kWidth));
     }
     switch ((count - c + kLanes - 1) / kLanes) {
-      case 3: AmxTile<3>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
-      case 2: AmxTile<2>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
-      case 1: AmxTile<1>(a_rows, lda, w + c, ldw, pairs, out_rows + c, ldo, block, count - c); break;
+      case 3: AmxTile<3>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, block, count - c); break;
+      case 2: AmxTile<2>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, block, count - c); break;
+      case 1: AmxTile<1>(a_rows, lda, w + c / kLanes * panel, panel, pairs, out_rows + c, ldo, block, count - c); break;
       default: break;
     }
+    r += block;
   }
   // Hands the tile state back, so that a context switch need not save it.
   _tile_release();
 }
 
+// The kernel's pairs go to packed[p, c] at packed + p * ldp + (c / 16) * step,
+// 16 columns c at a time: rows of ldp words (step 16), or panels of 16
+// columns (ldp 16, step the panel's words), as AMX reads them.
+//
 // packed[p, c] = w[2p, c] | w[2p + 1, c] << 16 for p in [first, first + count):
-// the rows of w [depth, width] in pairs, zeros past its edges.
+// the rows of w [depth, width] in pairs, zeros past its edges, up to `columns`.
 TARGET_BF16 void PackRowPairs(const uint16_t* w, int64_t depth, int64_t width, int64_t first, int64_t count,
-                              uint32_t* packed, int64_t ldp) {
+                              uint32_t* packed, int64_t ldp, int64_t step, int64_t columns) {
   for (int64_t p = first; p < first + count; ++p) {
-    for (int64_t c = 0; c < ldp; c += kLanes) {
+    for (int64_t c = 0; c < columns; c += kLanes) {
       const int64_t left = std::max<int64_t>(0, std::min(width - c, kLanes));
       const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
       const __mmask16 even = 2 * p < depth ? valid : 0, odd = 2 * p + 1 < depth ? valid : 0;
       const __m512i low = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(even, w + 2 * p * width + c));
       const __m512i high = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(odd, w + (2 * p + 1) * width + c));
-      _mm512_storeu_si512(packed + p * ldp + c, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+      _mm512_storeu_si512(packed + p * ldp + c / kLanes * step, _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
     }
   }
 }
 
 // packed[p, q] = words[q, p] for p in [first, first + count): words [rows, columns]
-// transposed, zeros past its edges. Read as 32-bit words, the rows of W_h
+// transposed, zeros past its edges, up to `width`. Read as 32-bit words, the rows of W_h
 // hold the pairs of W_h^T's rows.
 TARGET_BF16 void PackTransposed(const uint32_t* words, int64_t rows, int64_t columns, int64_t first, int64_t count,
-                                uint32_t* packed, int64_t ldp) {
+                                uint32_t* packed, int64_t ldp, int64_t step, int64_t width) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t p = first; p < first + count; ++p) {
-    for (int64_t q = 0; q < ldp; q += kLanes) {
+    for (int64_t q = 0; q < width; q += kLanes) {
       const int64_t left = p < columns ? std::max<int64_t>(0, std::min(rows - q, kLanes)) : 0;
       const __mmask16 valid = static_cast<__mmask16>((1u << left) - 1);
       const __m512i index = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32(q), lane),
                                                                 _mm512_set1_epi32(columns)),
                                              _mm512_set1_epi32(p));
       const __m512i word = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, index, words, 4);
-      _mm512_storeu_si512(packed + p * ldp + q, word);
+      _mm512_storeu_si512(packed + p * ldp + q / kLanes * step, word);
     }
   }
 }
@@ -593,12 +682,15 @@ class Bf16Products {
         packed_(pairs_ * ldw_),
         rows_(batch * pairs_) {
     const uint16_t* w = reinterpret_cast<const uint16_t*>(kernel.flat<tensorflow::bfloat16>().data());
+    // AMX reads the kernel in panels of 16 columns, vdpbf16ps in rows.
+    const int64_t ldp = amx ? kLanes : ldw_, step = amx ? pairs_ * kLanes : kLanes;
     ForBlocks(ctx, pairs_, 1, ldw_, [&](int64_t first, int64_t count) {
       if (transposed) {
         // W_h [H, 4H] as words is [H, 2H], and 4H is even: W_h^T's pairs are whole words.
-        PackTransposed(reinterpret_cast<const uint32_t*>(w), units, 2 * units, first, count, packed_.data(), ldw_);
+        PackTransposed(reinterpret_cast<const uint32_t*>(w), units, 2 * units, first, count, packed_.data(), ldp, step,
+                       ldw_);
       } else {
-        PackRowPairs(w, units, 4 * units, first, count, packed_.data(), ldw_);
+        PackRowPairs(w, units, 4 * units, first, count, packed_.data(), ldp, step, ldw_);
       }
     });
   }
@@ -618,7 +710,7 @@ class Bf16Products {
       // another thread and back would cost more than it saves; one thread
       // per op also leaves the other core to the other layer's op, which
       // the decoder's time chunks let run beside this one.
-      MultiplyTiles(rows_.data(), batch, pairs_, pairs_, packed_.data(), ldw_, out, width_, 0, width_);
+      MultiplyTiles(rows_.data(), batch, pairs_, pairs_, packed_.data(), out, width_, width_);
       return;
     }
     ForBlocks(ctx, width_, kLanes, 2 * batch * depth_, [&](int64_t first, int64_t count) {
@@ -628,7 +720,7 @@ class Bf16Products {
 
   const bool amx_;
   const int64_t depth_, width_, pairs_, ldw_;
-  std::vector<uint32_t> packed_;  // [pairs_, ldw_]
+  std::vector<uint32_t> packed_;  // [pairs_, ldw_], or on AMX [ldw_ / 16, pairs_, 16]
   std::vector<uint32_t> rows_;    // [batch, pairs_]
 };
 
