@@ -235,6 +235,28 @@ def test_bf16_cell_in_the_decoder_matches_autodiff(products):
         assert np.linalg.norm(got - want) <= 2e-2 * np.linalg.norm(want), name
 
 
+def test_the_bf16_cell_on_amx_runs_each_layer_in_one_pass_and_the_others_in_chunks(monkeypatch):
+    # On AMX every chunk would pay again for the kernels' bf16 copies and tile layout; the other
+    # cells keep the chunks that let two layers run side by side. An explicit count wins.
+    hparams = HParams({"kwargs": {"num_units": 24}, "num_layers": 2}, decoder.default_hparams())
+
+    def chunks(precision, products=None, **kwargs):
+        ops = op_selection.choose_ops("CPU", precision, bf16_products=products)
+        return decoder.LSTMDecoder(input_size=10, vocab_size=30, hparams=hparams, ops=ops, **kwargs)
+
+    assert chunks("mixed_bfloat16", "amx").time_chunks == decoder.AMX_TIME_CHUNKS == 1
+    assert chunks("mixed_bfloat16", "avx512_bf16").time_chunks == decoder.TIME_CHUNKS == 2
+    assert chunks("float32").time_chunks == chunks("mixed_bfloat16").time_chunks == decoder.TIME_CHUNKS
+    assert chunks("mixed_bfloat16", "amx", time_chunks=3).time_chunks == 3
+    if kernels.LSTM_BF16_PRODUCTS == "amx":  # traced, one loop per layer
+        dec, calls = chunks("mixed_bfloat16", "amx"), []
+        lstm_sequence = decoder._lstm_sequence
+        monkeypatch.setattr(decoder, "_lstm_sequence", lambda *args: calls.append(args[0].shape[0])
+                            or lstm_sequence(*args))
+        dec(tf.zeros([6, 3, 10]), tf.zeros([2, 2, 3, 24]))
+        assert calls == [6, 6]
+
+
 @pytest.mark.parametrize("products", BF16_PRODUCTS)
 def test_the_bf16_time_loop_equals_one_step_at_a_time(products):
     # The kernel's pair layout is made once per op call: a call over T steps and T calls of one

@@ -16,6 +16,11 @@ PRECISIONS = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
 # the otherwise serial recurrent chains. More chunks mean smaller matmuls,
 # which lose that gain again (docs/training_step.md has the figures).
 TIME_CHUNKS = 2
+# The bf16 cell on AMX runs each op on its own thread, and every chunk pays
+# again for what one pass pays once: the input kernels' bf16 copies, the
+# recurrent kernel's tile layout each way, and a weight gradient to add.
+# There one pass is faster.
+AMX_TIME_CHUNKS = 1
 
 
 def default_hparams():
@@ -46,20 +51,21 @@ class LSTMDecoder(tf.Module):
     carried between BPTT windows, checkpointed and gathered across ranks as is.
     """
 
-    def __init__(self, input_size, vocab_size, hparams, ops, initializer=None, time_chunks=TIME_CHUNKS,
+    def __init__(self, input_size, vocab_size, hparams, ops, initializer=None, time_chunks=None,
                  name="lstm_decoder"):
         """hparams: HParams merged over default_hparams() already (a config's cell, or
         HParams(values, default_hparams())), used as they are. ops: the model's
         op_selection.OpChoice (LanguageModel.ops, or op_selection.ops_for(device,
         precision)), which names the cell and the precision to run. time_chunks: how many
-        pieces the layers run over time in (TIME_CHUNKS), read when the call is traced."""
+        pieces the layers run over time in (by default AMX_TIME_CHUNKS for the bf16 cell on
+        AMX, else TIME_CHUNKS), read when the call is traced."""
         super().__init__(name=name)
-        self.time_chunks = time_chunks
         if ops.precision not in PRECISIONS:
             raise ValueError(f"precision {ops.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if ops.fused_cell and FUSED_CELL is None:
             raise ValueError(f"the fused LSTM op is not built ({kernels.library_path('lstm_cell')}): run make setup")
         self.cell = (FUSED_AMX_CELL if ops.bf16_products == "amx" else FUSED_CELL) if ops.fused_cell else TF_OPS_CELL
+        self.time_chunks = time_chunks or (AMX_TIME_CHUNKS if self.cell is FUSED_AMX_CELL else TIME_CHUNKS)
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights (the
         # fused cell's recurrent products too, summing in fp32); the cell
         # state, the gate nonlinearities and the logits stay fp32.
