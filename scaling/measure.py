@@ -6,7 +6,7 @@ import statistics
 import sys
 
 from scaling import probe
-from scaling.model import Compute, Link
+from scaling.model import Compute, Link, allreduce_s, small_allreduce_s
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README's mpirun flags for real hosts.
@@ -69,6 +69,21 @@ def probe_host(host, timeout=900):
     return result
 
 
-def link_of(result):
-    """The model's Link from a probe's result."""
-    return Link(bandwidth=result["bandwidth_Bps"], latency=result["latency_s"], exchange=result["exchange_Bps"])
+def link_of(result, loaded=None, algorithm="ompi"):
+    """The model's Link from a probe of two hosts' result. With `loaded`, a probe's result over
+    all the ranks of a run, the link as that many ranks see it: the latency from their chain
+    of small allreduces, and both rates scaled alike until the model's 8 MiB allreduce over
+    them takes the time it measured."""
+    link = Link(bandwidth=result["bandwidth_Bps"], latency=result["latency_s"], exchange=result["exchange_Bps"])
+    if loaded is None:
+        return link
+    ranks, cycle_s, nbytes = loaded["ranks"], loaded["cycle_s"], loaded["big_bytes"]
+    # A small allreduce is this many exchanges; the chain's op is the cycle's wait, the negotiation and one.
+    hops = small_allreduce_s(ranks, Link(bandwidth=1.0, latency=1.0))
+    latency = max(1e-6, (loaded["small_op_s"] - cycle_s / 2) / (2 * hops))
+    link = Link(bandwidth=link.bandwidth, latency=latency, exchange=link.exchange)
+    bytes_s = allreduce_s(nbytes, ranks, Link(link.bandwidth, 0.0, link.exchange), algorithm)
+    latency_s = allreduce_s(nbytes, ranks, link, algorithm) - bytes_s
+    measured_bytes_s = loaded["allreduce_s"] - cycle_s / 2 - small_allreduce_s(ranks, link) - latency_s
+    scale = bytes_s / max(measured_bytes_s, 1e-9)
+    return Link(bandwidth=link.bandwidth * scale, latency=latency, exchange=link.duplex * scale)

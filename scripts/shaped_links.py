@@ -15,7 +15,9 @@ over the steps after the first few. Each case waits (up to 90 s) for the machine
 other processes to use under half a core, and records what they used before and during it.
 
 Right before each run, the model's inputs are measured as how_many_hosts.py measures them:
-the link by scaling/probe.py on host1 and host2, and the compute by the benchmark's worker,
+the link by scaling/probe.py on host1 and host2 (and, for 3 or 4 ranks, once more on all of
+the run's hosts: the link as that many ranks on this machine's cores see it, `probe_all`),
+and the compute by the benchmark's worker,
 the run's ranks side by side on this machine with no communication. The machine is shared,
 so the inputs and the run see the same minute of its other load. The JSON keeps every input
 and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
@@ -155,13 +157,16 @@ def job(hosts, cmd, tag):
 
 
 def inputs(hosts, config, ranks, mode, data_path):
-    """The model's inputs for a case: the probe on host1 and host2, and the compute of its rows
-    with its ranks side by side (one thread each: the worker splits 2 cores over 2 or more)."""
+    """The model's inputs for a case: the probe on host1 and host2 (and on all the case's hosts
+    when it has more: None for two), and the compute of its rows with its ranks side by side
+    (one thread each: the worker splits 2 cores over 2 or more)."""
     from scaling import measure, probe
     probed = job(hosts, measure.probe_command(["host1", "host2"]), probe.TAG)
+    probed_all = (job(hosts, measure.probe_command([f"host{i + 1}" for i in range(ranks)]), probe.TAG)
+                  if ranks > 2 else None)
     rows = 20 if mode == "per_worker" else (21 if ranks == 3 else 20) // ranks
     compute, cpu = measure.compute(config, rows, ranks, data_path=data_path)
-    return probed, compute, cpu
+    return probed, probed_all, compute, cpu
 
 
 def run_case(hosts, config, link, ranks, mode, corpus, workdir):
@@ -221,12 +226,14 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None):
                     hosts.cap(link, queue=f"{queue_ms}ms")
                 for config, _, ranks, mode in [case for case in cases if case[1] == link]:
                     quiet = wait_for_quiet()
-                    probed, compute, cpu = inputs(hosts, config, ranks, mode, os.path.abspath(data_path))
+                    probed, probed_all, compute, cpu = inputs(hosts, config, ranks, mode,
+                                                              os.path.abspath(data_path))
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
                                         tempfile.mkdtemp(prefix="case.", dir=work))
                     results["cases"].append({
                         "config": config, "link": link, "ranks": ranks, "mode": mode,
-                        "shape": shape(config, ranks, mode), "probe": probed, "compute_s": compute.seconds,
+                        "shape": shape(config, ranks, mode), "probe": probed,
+                        **({"probe_all": probed_all} if probed_all else {}), "compute_s": compute.seconds,
                         "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "other_cores_before": quiet,
                         **measured})
                     print(f"{config} {link} {ranks} {mode}: compute {compute.seconds * 1e3:.1f} ms, probe "

@@ -13,9 +13,10 @@ from conftest import PYTHON, ROOT, run_command
 from runtime import context
 from runtime.config import load_config
 from scaling import validation
+from scaling.measure import link_of
 from scaling.links import LINKS
 from scaling.model import (Compute, Horovod, Link, Machine, Shape, allgather_s, allreduce_s, expected_max_normal,
-                           gradients, predict_step)
+                           gradients, predict_step, small_allreduce_s)
 
 SHAPED_LINKS = os.path.join(ROOT, "results", "scaling", "shaped_links.json")
 # The 2-rank cases again, with the allreduce set_horovod_tuning sets for one rank on each of two hosts.
@@ -66,6 +67,27 @@ def test_ring_allreduce_and_open_mpis_choice():
     # A link that halves each direction while it sends and receives slows the exchanges only.
     half = dataclasses.replace(LINK, exchange=bw / 2)
     assert allreduce_s(n, 3, half) == pytest.approx(2 * n / bw + 2 * lat + n / bw + 1.5 * n / bw + 3 * lat)
+
+
+@pytest.mark.parametrize("ranks", [3, 4, 8])
+def test_a_probe_over_all_of_a_runs_ranks_gives_the_link_they_see(ranks):
+    # What the probe on two hosts measured, and a link that more ranks slow down (their cores
+    # busier, the same one-way to exchange ratio); the probe over all the ranks times its chain
+    # of one-float allreduces and its 8 MiB allreduces on that slower link, as the model has them.
+    pair = {"bandwidth_Bps": 100e6, "exchange_Bps": 80e6, "latency_s": 50e-6, "cycle_s": 0.2e-3}
+    loaded = Link(bandwidth=60e6, latency=120e-6, exchange=48e6)
+    big, cycle = 8 << 20, 0.2e-3
+    negotiation = cycle / 2 + small_allreduce_s(ranks, loaded)
+    probed = {"ranks": ranks, "cycle_s": cycle, "big_bytes": big,
+              "small_op_s": negotiation + small_allreduce_s(ranks, loaded),
+              "allreduce_s": negotiation + allreduce_s(big, ranks, loaded)}
+    assert link_of(pair) == Link(bandwidth=100e6, latency=50e-6, exchange=80e6)
+    got = link_of(pair, probed)
+    assert got.bandwidth == pytest.approx(60e6) and got.exchange == pytest.approx(48e6)
+    assert got.latency == pytest.approx(120e-6)
+    # With it the model's allreduce over those ranks takes what was measured, at every size.
+    for nbytes in (1 << 20, big, 26 << 20):
+        assert allreduce_s(nbytes, ranks, got) == pytest.approx(allreduce_s(nbytes, ranks, loaded))
 
 
 def test_the_allgather_grows_with_the_ranks():
