@@ -30,15 +30,16 @@ measure the inputs). The parts, in the order the step runs them:
   default split, and the namespace hosts of one machine), the collectives and the
   compute share the cores, and the model credits no overlap: the collectives start
   when the compute ends. Their CPU on such a machine is in the probe's rates, which
-  are measured there.
+  are measured there, over all of a run's ranks where the probe ran on them
+  (scaling/measure.py's link_of).
 - **stragglers**: a synchronous step waits for the slowest rank: the compute's
   step-to-step spread (sd) times the expected maximum of p standard normals.
 
 Left out: the network's own contention beyond one link per host (a switch that
 cannot carry every host's rate at once), TCP's slow start, the update's own time,
-memory-bandwidth contention between ranks, the CPU that more ranks than the probe's two
-need at once on one machine, and any change in the machine's other load between the
-measurements of the inputs and the run.
+memory-bandwidth contention between ranks, the CPU that more ranks than the probe's
+need at once on one machine (a probe of two hosts for a run of more), and any change in the
+machine's other load between the measurements of the inputs and the run.
 """
 import dataclasses
 import math

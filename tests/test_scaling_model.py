@@ -137,15 +137,29 @@ def test_every_setting_of_the_grid_was_measured(shaped_links):
     assert cases == {(config, link, ranks, mode) for config in ("config_small", "config_medium")
                      for link in ("unshaped", "1gbit", "100mbit") for ranks in (2, 3, 4)
                      for mode in ("global", "per_worker")}
+    # Each case of more than two ranks was probed over all of them too.
+    assert all(c["probe_all"]["ranks"] == c["ranks"] for c in shaped_links["cases"] if c["ranks"] > 2)
 
 
 def test_the_model_on_the_measured_cases(shaped_links):
-    """The goal is every case within validation.BOUND (15%). The model meets it in 17 of the 36
+    """The goal is every case within validation.BOUND (15%). The model meets it in 31 of the 36
     and is low in the others, never high: the test holds it to that, so a change that makes it
     worse fails, and one that meets the goal tightens it."""
     errors = [error for _, _, error in validation.errors(shaped_links)]
-    assert sum(abs(error) <= validation.BOUND for error in errors) >= 17
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 31
     assert max(errors) <= validation.BOUND and min(errors) > -0.5
+
+
+def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_links):
+    # 3 and 4 ranks share this machine's 2 cores: a probe of two hosts misses what their
+    # collectives cost each other, one over all of a run's ranks measures it.
+    def within(results):
+        return sum(abs(error) <= validation.BOUND for case, _, error in validation.errors(results)
+                   if case["ranks"] > 2)
+    pairs_only = dict(shaped_links, cases=[{k: v for k, v in case.items() if k != "probe_all"}
+                                           for case in shaped_links["cases"]])
+    assert within(shaped_links) >= 22
+    assert within(pairs_only) <= 6
 
 
 def test_without_the_bandwidth_term_the_model_misses(shaped_links):
