@@ -81,8 +81,8 @@ def build_parser(distributed):
     parser.add_argument("--row_groups", type=row_groups, default=defaults.row_groups, metavar="N",
                         help="run the rank's rows as N independent groups side by side, each op on one thread, "
                              "instead of splitting every op over the threads (BENCHMARKS.md has the measurements); "
-                             "auto (one process): the fastest on this machine, timed once per config and kept "
-                             "(runtime/tuning.py)")
+                             "auto: the fastest on this machine (under a launcher, for a rank's share of its "
+                             "host and of the batch), timed once per config and kept (runtime/tuning.py)")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
     if distributed:
         group = parser.add_argument_group("Horovod")
@@ -113,13 +113,10 @@ def build_parser(distributed):
 def parse_args(argv=None, distributed=False):
     parser = build_parser(distributed)
     args = parser.parse_args(argv)
-    if distributed and args.row_groups == "auto":
-        # Each host would time its own choice, and every rank must run the same groups.
-        parser.error("--row_groups auto times one process (lm_ptb.py); under a launcher give the number it "
-                     "picked, which lm_ptb.py's training summary shows")
     if not distributed:
         # lm_ptb.py takes no Horovod options, but the run reads them: at lm_ptb_distributed.py's defaults.
         args = argparse.Namespace(**{**vars(build_parser(distributed=True).parse_args([])), **vars(args)})
+    args.distributed = distributed
     return args
 
 

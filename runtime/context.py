@@ -282,6 +282,24 @@ def set_horovod_tuning():
         os.environ.update(TWO_HOSTS_ALLREDUCE)
 
 
+# What launchers tell each rank, before MPI starts, of the world and of the
+# ranks on its host: Open MPI's mpirun (horovodrun and the Slurm script run
+# it), horovodrun's Gloo, MPICH's and Intel MPI's Hydra.
+LAUNCHER_SIZES = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), ("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+                  ("PMI_SIZE", "MPI_LOCALNRANKS"))
+
+
+def launcher_sizes():
+    """(ranks in the world, ranks on this host) as the launcher's environment says them before
+    hvd.init(); (1, 1) with no launcher; None when a launcher gives its world size only."""
+    for world, local in LAUNCHER_SIZES:
+        if world in os.environ:
+            if local not in os.environ:
+                return None
+            return int(os.environ[world]), int(os.environ[local])
+    return 1, 1
+
+
 def available_cores():
     """The cores this process may run on (its affinity, where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -18,12 +18,12 @@ import ptb_reader
 from faults.layer import FaultLayer
 from faults.watchdog import HANG_EXIT
 from runtime import config as config_lib
-from runtime import context, logs, trainer
+from runtime import context, logs, trainer, tuning
 from runtime.checkpointing import BEST_DIR, LATEST_DIR, checkpoints_in
 from runtime.cli import error_line
 from runtime.communication import CommunicationReport
 from core.atomic_files import atomic_write
-from core.errors import (ERROR_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
+from core.errors import (ERROR_EXIT, USAGE_EXIT, CheckpointError, Rank0Failed, ConfigError, PTBDataError, TrainingError,
                            TrainingInterrupted, UsageError, exit_code)
 from runtime.options import RunOptions
 from runtime.plan import BatchPlan, check_plan
@@ -224,6 +224,11 @@ def run(args, ctx, intra_threads=0, inter_threads=0, device="CPU", callbacks=())
                 error_line(f"error{origin}: {message}")
             return code
         config, data, options = prepared
+        differ = tuning.mismatch(ctx, options)  # --row_groups auto under a launcher: each host chose
+        if differ:
+            if ctx.is_rank0:
+                error_line(f"error: {differ}")
+            return USAGE_EXIT
         if ctx.distributed and not ctx.elastic:
             # Rank 0 chose it; every rank names it in its messages.
             options.output_dir = ctx.broadcast_object(options.output_dir, name="output_dir")

@@ -16,6 +16,14 @@ folder, keyed by what decides it: the CPU, the cores, TensorFlow, the fused
 kernels' build, the step's shapes and precision. Every later run on the same
 machine and config reads the same choice, and the training summary says
 what it is and the times it rests on. Remove the record to measure again.
+
+Under a launcher each rank decides before MPI starts, from the launcher's
+world and local sizes: its step is its share of the rows on its share of the
+host's cores, and that is what is timed (by the first of the host's ranks
+to take the record's lock; the others then read it). Each host decides from
+its own record, and every rank must run the same groups, so
+runtime/job.py compares the choices once the ranks can talk
+(mismatch()) and ends the run in one line where they differ.
 """
 import argparse
 import datetime
@@ -32,7 +40,7 @@ import filelock
 
 from core.atomic_files import atomic_write
 from core.errors import ERROR_EXIT, USAGE_EXIT, exit_code
-from runtime.context import available_cores
+from runtime.context import available_cores, launcher_sizes
 
 AUTO = "auto"
 RECORD_NAME = "row_groups.json"
@@ -71,8 +79,9 @@ def _kernels_build():
     return digest.hexdigest()[:16]
 
 
-def record_key(config, core_count):
-    """What decides the choice, as a string: the same on every run of this machine and config."""
+def record_key(config, core_count, rows):
+    """What decides the choice, as a string: the same on every run of this machine and config
+    (core_count and rows: a rank's share of the cores and of the batch)."""
     from texar_lite import kernels
     import tensorflow as tf
     cell = config["cell"]
@@ -80,14 +89,15 @@ def record_key(config, core_count):
     return json.dumps({
         "cpu": kernels.cpuinfo_value("model name") or platform.processor(), "flags": flags, "cores": core_count,
         "tensorflow": tf.__version__, "kernels": _kernels_build(),
-        "rows": config["batch_size"], "num_steps": config["num_steps"], "emb": config["emb"]["dim"],
+        "rows": rows, "num_steps": config["num_steps"], "emb": config["emb"]["dim"],
         "units": cell["kwargs"]["num_units"], "layers": cell["num_layers"], "vocab": config["vocab_size"],
         "precision": config["precision"]}, sort_keys=True)
 
 
-def measure_step(config_name, overrides, row_groups):
-    """Median ms of the trainer's step on random ids with `row_groups` groups; call in a
-    fresh process (it sets TensorFlow's threads)."""
+def measure_step(config_name, overrides, row_groups, world_size=1, local_size=1):
+    """Median ms of the trainer's step on random ids with `row_groups` groups, as one of
+    world_size ranks (its rows) with local_size on its host (its cores); call in a fresh
+    process (it sets TensorFlow's threads)."""
     import numpy as np
     import tensorflow as tf
 
@@ -96,10 +106,10 @@ def measure_step(config_name, overrides, row_groups):
     from runtime.plan import BatchPlan
     from texar_lite import optimization
     from texar_lite.model import LanguageModel
-    context.configure_cpu_threads(local_size=1, row_groups=row_groups)
+    context.configure_cpu_threads(local_size=local_size, row_groups=row_groups)
     config = config_lib.load_config(config_name, overrides)
     ctx = context.LocalContext()
-    plan = BatchPlan.from_config(config, 1)
+    plan = BatchPlan.from_config(config, world_size)
     model = LanguageModel(config, config["vocab_size"], seed=1)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
@@ -120,8 +130,8 @@ def measure_step(config_name, overrides, row_groups):
     return statistics.median(windows)
 
 
-def _measure_in_fresh_process(config_name, overrides, row_groups):
-    task = json.dumps({"config": config_name, "set": list(overrides), "row_groups": row_groups})
+def _measure_in_fresh_process(config_name, overrides, row_groups, sizes=(1, 1)):
+    task = json.dumps({"config": config_name, "set": list(overrides), "row_groups": row_groups, "sizes": sizes})
     # In the caller's folder, where a config given as a path is found.
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     try:
@@ -136,12 +146,13 @@ def _measure_in_fresh_process(config_name, overrides, row_groups):
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def measure(config_name, overrides, group_counts, measure_one=_measure_in_fresh_process):
-    """{groups: the median of its rounds' ms per step}, the candidates alternating in ROUNDS rounds."""
+def measure(config_name, overrides, group_counts, sizes=(1, 1), measure_one=_measure_in_fresh_process):
+    """{groups: the median of its rounds' ms per step}, the candidates alternating in ROUNDS rounds;
+    sizes: (world, local) ranks, as launcher_sizes gives them."""
     times = {groups: [] for groups in group_counts}
     for _ in range(ROUNDS):
         for groups in group_counts:
-            times[groups].append(measure_one(config_name, overrides, groups))
+            times[groups].append(measure_one(config_name, overrides, groups, sizes))
     return {groups: statistics.median(values) for groups, values in times.items()}
 
 
@@ -164,26 +175,34 @@ def describe(entry, path):
 def resolve(args):
     """Turns --row_groups auto into a number (args.row_groups) and sets the summary's
     reason (args.row_groups_reason): from the record, or measured now and recorded.
-    Exits with one line when the record's folder cannot be written or a measurement fails."""
+    Exits with one line when the record's folder cannot be written or a measurement fails,
+    or when a launcher does not say how many ranks share a host."""
     args.row_groups_reason = ""
     if args.row_groups != AUTO:
         return args.row_groups
     from runtime import config as config_lib
     from runtime.cli import error_status
+    from runtime.plan import BatchPlan
+    sizes = launcher_sizes() if args.distributed else (1, 1)
+    if sizes is None or (args.distributed and os.environ.get("HOROVOD_ELASTIC") == "1"):
+        why = ("an elastic job's hosts come and go" if sizes else
+               "this launcher does not say how many ranks share a host")
+        sys.exit(error_status(f"--row_groups auto: {why}; give --row_groups a number", USAGE_EXIT))
     try:
         config = config_lib.load_config(args.config, args.set)
+        rows = BatchPlan.from_config(config, sizes[0]).rows_per_rank
     except Exception as err:  # the run reports the config's error itself, in its one line
         if exit_code(err) is None:
             raise
         args.row_groups = 1
         return 1
-    core_count = available_cores()
-    key = record_key(config, core_count)
+    core_count = max(1, available_cores() // sizes[1])
+    key = record_key(config, core_count, rows)
     path = os.path.join(cache_dir(), RECORD_NAME)
     try:
         os.makedirs(cache_dir(), exist_ok=True)
         with filelock.FileLock(path + ".lock"):
-            entry = _recorded_or_measured(args, config, key, path, core_count)
+            entry = _recorded_or_measured(args, config, key, path, core_count, rows, sizes)
     except OSError as err:
         sys.exit(error_status(f"--row_groups auto keeps its measurement in {cache_dir()}, which is not writable "
                               f"({err.strerror}); set XDG_CACHE_HOME to a folder you can write to, or give "
@@ -194,20 +213,33 @@ def resolve(args):
     return args.row_groups
 
 
-def _recorded_or_measured(args, config, key, path, core_count):
+def _recorded_or_measured(args, config, key, path, core_count, rows, sizes):
     records = _read(path)
     if key in records:
         return records[key]
-    group_counts, ms = candidates(core_count, config["batch_size"]), {}
+    group_counts, ms = candidates(core_count, rows), {}
     if len(group_counts) > 1:
         print(f"--row_groups auto: timing {', '.join(map(str, group_counts))} row groups on this machine, once for "
               f"this config ({len(group_counts) * ROUNDS} short runs)", file=sys.stderr, flush=True)
-        ms = measure(args.config, args.set, group_counts)
+        ms = measure(args.config, args.set, group_counts, sizes)
     entry = {"row_groups": pick(ms) if ms else 1, "ms": {str(groups): round(value, 2) for groups, value in ms.items()},
              "measured": datetime.date.today().isoformat()}
     records[key] = entry
     atomic_write(path, (json.dumps(records, indent=1, sort_keys=True) + "\n").encode())
     return entry
+
+
+def mismatch(ctx, options):
+    """Under a launcher, after --row_groups auto chose on every host: one line naming the ranks'
+    choices where they differ, else None. Collective: every rank calls it."""
+    if not (ctx.distributed and options.row_groups_reason):
+        return None
+    chosen = ctx.allgather_object(options.row_groups, name="row_groups_auto")
+    if len(set(chosen)) == 1:
+        return None
+    ranks = ", ".join(f"rank {rank}: {groups}" for rank, groups in enumerate(chosen))
+    return (f"--row_groups auto chose differently on the hosts ({ranks}), and every rank must run the same row "
+            "groups: give --row_groups a number")
 
 
 def _read(path):
@@ -224,7 +256,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Times one candidate for --row_groups auto (runtime/tuning.py).")
     parser.add_argument("--measure", required=True, metavar="JSON")
     task = json.loads(parser.parse_args(argv).measure)
-    print(f"{measure_step(task['config'], task['set'], task['row_groups']):.4f}", flush=True)
+    print(f"{measure_step(task['config'], task['set'], task['row_groups'], *task['sizes']):.4f}", flush=True)
     return 0
 
 

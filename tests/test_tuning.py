@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from conftest import PYTHON, ROOT, TINY_CONFIG, run_command
-from runtime import cli, tuning
+from conftest import MPIRUN, PYTHON, ROOT, TINY_CONFIG, entry, error_lines, mpirun, run_command
+from runtime import cli, context, tuning
+from runtime.options import RunOptions
 
 
 def test_candidates_keep_a_core_and_a_row_per_group():
@@ -31,8 +32,9 @@ def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_pat
     monkeypatch.setattr(tuning, "available_cores", lambda: 2)
     calls = []
 
-    def measure(config, overrides, group_counts):
+    def measure(config, overrides, group_counts, sizes=(1, 1)):
         calls.append((config, list(overrides), group_counts))
+        assert sizes == (1, 1)
         return {1: 30.0, 2: 27.0}
 
     monkeypatch.setattr(tuning, "measure", measure)
@@ -85,16 +87,139 @@ def test_an_unwritable_cache_exits_2_with_one_line(monkeypatch, tmp_path, capsys
                                        "you can write to, or give --row_groups a number\n")
 
 
-def test_the_distributed_entry_refuses_auto_and_a_word_is_refused(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        cli.parse_args(["--row_groups", "auto"], distributed=True)
-    assert exit_.value.code == 2
-    assert "--row_groups auto times one process (lm_ptb.py); under a launcher give the number it picked" in \
-        capsys.readouterr().err
+def test_a_word_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.parse_args(["--row_groups", "many"])
     assert exit_.value.code == 2
     assert "argument --row_groups: 'many': give a number of groups, or auto" in capsys.readouterr().err
+
+
+LAUNCHERS = [name for pair in context.LAUNCHER_SIZES for name in pair] + ["HOROVOD_ELASTIC"]
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for name in LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_launchers_say_the_world_and_the_ranks_on_a_host(monkeypatch, no_launcher):
+    assert context.launcher_sizes() == (1, 1)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    assert context.launcher_sizes() == (4, 2)
+    for name in LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOROVOD_SIZE", "3")
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "1")
+    assert context.launcher_sizes() == (3, 1)
+    monkeypatch.delenv("HOROVOD_SIZE")
+    monkeypatch.setenv("PMI_SIZE", "2")  # a world size alone: not enough to split a host
+    assert context.launcher_sizes() is None
+
+
+def _distributed_args(*extra):
+    return cli.parse_args(["--config", TINY_CONFIG, "--row_groups", "auto", *extra], distributed=True)
+
+
+def test_under_a_launcher_auto_times_a_ranks_share_of_the_rows_and_the_cores(monkeypatch, tmp_path, no_launcher):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "available_cores", lambda: 8)
+    calls = []
+
+    def measure(config, overrides, group_counts, sizes=(1, 1)):
+        calls.append((group_counts, sizes))
+        return {groups: 30.0 - groups for groups in group_counts}
+
+    monkeypatch.setattr(tuning, "measure", measure)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    # 4 ranks split the 20 rows, 5 each; 2 ranks on the host share its 8 cores, 4 each.
+    assert tuning.resolve(_distributed_args()) == 4
+    assert calls == [([1, 2, 4], (4, 2))]
+    records = json.loads((tmp_path / "lm_ptb" / tuning.RECORD_NAME).read_text())
+    assert [(json.loads(key)["cores"], json.loads(key)["rows"]) for key in records] == [(4, 5)]
+    # lm_ptb.py under the same variables is one process: all the rows and cores.
+    assert tuning.resolve(_args()) == 8 and calls[-1] == ([1, 2, 4, 8], (1, 1))
+    # Every rank on the host has one core: nothing to choose.
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
+    args = _distributed_args()
+    assert tuning.resolve(args) == 1 and len(calls) == 2
+    assert args.row_groups_reason.startswith("1 (--row_groups auto: one core or one row here")
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"PMI_SIZE": "2"}, "this launcher does not say how many ranks share a host"),
+    ({"HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "1", "HOROVOD_ELASTIC": "1"}, "an elastic job's hosts come and go"),
+])
+def test_auto_under_a_launcher_it_cannot_read_exits_2_in_one_line(monkeypatch, capsys, no_launcher, variables,
+                                                                   message):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(tuning, "measure", lambda *_: pytest.fail("measured"))
+    with pytest.raises(SystemExit) as exit_:
+        tuning.resolve(_distributed_args())
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: --row_groups auto: {message}; give --row_groups a number\n"
+
+
+class _Ranks:
+    """A context whose ranks chose `chosen`."""
+    distributed = True
+
+    def __init__(self, chosen):
+        self.chosen = chosen
+
+    def allgather_object(self, obj, name=None):
+        return self.chosen
+
+
+def test_the_ranks_choices_must_agree():
+    auto = RunOptions(row_groups=2, row_groups_reason="2 (--row_groups auto: ...)")
+    assert tuning.mismatch(_Ranks([2, 2, 2]), auto) is None
+    assert tuning.mismatch(_Ranks([2, 1, 2]), auto) == (
+        "--row_groups auto chose differently on the hosts (rank 0: 2, rank 1: 1, rank 2: 2), and every rank must "
+        "run the same row groups: give --row_groups a number")
+    # A number given, or one process: nothing was chosen per host, and no collective runs.
+    assert tuning.mismatch(_Ranks(None), RunOptions(row_groups=2)) is None
+    assert tuning.mismatch(context.LocalContext(), auto) is None
+
+
+def _seed_record(cache, rows, cores, groups):
+    """A record that says `groups` for the tiny config at those rows and cores, as a host's earlier run left it."""
+    from runtime.config import load_config
+    key = tuning.record_key(load_config(TINY_CONFIG, []), cores, rows)
+    path = cache / "lm_ptb" / tuning.RECORD_NAME
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({key: {"row_groups": groups, "ms": {"1": 30.0, "2": 20.0}, "measured": "2026-01-01"}}))
+    return str(path)
+
+
+@pytest.mark.timeout(300)
+def test_auto_under_mpirun_agrees_or_ends_in_one_line(synthetic_corpus, tmp_path):
+    # Two ranks on this host, each with its share of the cores and half of the 20 rows. With
+    # one cache they read one choice and train; with a cache each (as two hosts would have)
+    # whose records disagree, every rank ends with exit status 2 and rank 0 says why.
+    cores = max(1, tuning.available_cores() // 2)
+    args = ["--config", TINY_CONFIG, "--data_path", synthetic_corpus[0], "--set", "num_epochs=1",
+            "--max_steps_per_epoch", "2", "--row_groups", "auto"]
+    shared = _seed_record(tmp_path / "shared", rows=10, cores=cores, groups=2)
+    agreed = mpirun(2, [*args, "--output_dir", str(tmp_path / "a")], timeout=280,
+                    env={"XDG_CACHE_HOME": str(tmp_path / "shared")})
+    assert agreed.returncode == 0, agreed.stderr[-3000:]
+    summary = [line for line in agreed.stdout.splitlines() if "row groups    " in line]
+    assert summary and summary[0].endswith(f"2 (--row_groups auto: a step by row groups on this machine, 1: 30.0 "
+                                           f"ms, 2: 20.0 ms; measured 2026-01-01, kept in {shared})")
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["row_groups"] == 2
+    _seed_record(tmp_path / "one", rows=10, cores=cores, groups=2)
+    _seed_record(tmp_path / "two", rows=10, cores=cores, groups=1)
+    program = [*entry("lm_ptb_distributed.py"), *args, "--output_dir", str(tmp_path / "b")]
+    differ = run_command([*MPIRUN, "-np", "1", "-x", f"XDG_CACHE_HOME={tmp_path / 'one'}", *program, ":",
+                          "-np", "1", "-x", f"XDG_CACHE_HOME={tmp_path / 'two'}", *program], timeout=280)
+    assert differ.returncode == 2, differ.stderr[-3000:]
+    assert error_lines(differ.stderr) == [
+        "error: --row_groups auto chose differently on the hosts (rank 0: 2, rank 1: 1), and every rank must run "
+        "the same row groups: give --row_groups a number"]
 
 
 @pytest.mark.timeout(300)
@@ -125,7 +250,7 @@ def test_lm_ptb_times_the_candidates_then_reads_its_record(synthetic_corpus, tmp
 def test_a_failed_measurement_exits_1_with_its_last_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(tuning, "available_cores", lambda: 2)
-    monkeypatch.setattr(tuning, "measure", lambda config, overrides, counts: {
+    monkeypatch.setattr(tuning, "measure", lambda config, overrides, counts, sizes: {
         groups: tuning._measure_in_fresh_process(config, overrides + ["no_such_key=1"], groups) for groups in counts})
     with pytest.raises(SystemExit) as exit_:
         tuning.resolve(_args())
