@@ -93,7 +93,7 @@ class HorovodContext(LocalContext):
         self.allreduce_mode = allreduce
         # Under horovodrun's elastic mode the world re-forms when hosts come
         # and go (faults/elastic.py): rank and size change with it.
-        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+        self.elastic = elastic_job()
         # How often rank 0 tells the others it still works alone (run_on_rank0).
         self.rendezvous_s = rendezvous_seconds(hang_timeout)
         # The last step's seconds from its last local gradient to its last summed
@@ -265,6 +265,11 @@ TWO_HOSTS_ALLREDUCE = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_c
 USERS_ALLREDUCE = (*TWO_HOSTS_ALLREDUCE, "OMPI_MCA_coll_tuned_dynamic_rules_filename")
 
 
+def elastic_job():
+    """Whether horovodrun started this process in elastic mode (it sets HOROVOD_ELASTIC=1)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
 def set_horovod_tuning():
     """Sets HOROVOD_TUNING's values where the environment leaves them unset, and for two ranks
     that mpirun put on two hosts, TWO_HOSTS_ALLREDUCE where the user chose no allreduce; must
@@ -273,7 +278,7 @@ def set_horovod_tuning():
     Not in an elastic run: with both set, Horovod 0.28.1's background thread
     may segfault in its parameter manager when the world re-forms.
     """
-    if os.environ.get("HOROVOD_ELASTIC") == "1":
+    if elastic_job():
         return
     for key, value in HOROVOD_TUNING.items():
         os.environ.setdefault(key, value)

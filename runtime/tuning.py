@@ -40,7 +40,7 @@ import filelock
 
 from core.atomic_files import atomic_write
 from core.errors import ERROR_EXIT, USAGE_EXIT, exit_code
-from runtime.context import available_cores, launcher_sizes
+from runtime.context import available_cores, elastic_job, launcher_sizes
 
 AUTO = "auto"
 RECORD_NAME = "row_groups.json"
@@ -184,9 +184,9 @@ def resolve(args):
     from runtime.cli import error_status
     from runtime.plan import BatchPlan
     sizes = launcher_sizes() if args.distributed else (1, 1)
-    if sizes is None or (args.distributed and os.environ.get("HOROVOD_ELASTIC") == "1"):
-        why = ("an elastic job's hosts come and go" if sizes else
-               "this launcher does not say how many ranks share a host")
+    why = ("this launcher does not say how many ranks share a host" if sizes is None else
+           "an elastic job's hosts come and go" if args.distributed and elastic_job() else None)
+    if why:
         sys.exit(error_status(f"--row_groups auto: {why}; give --row_groups a number", USAGE_EXIT))
     try:
         config = config_lib.load_config(args.config, args.set)
