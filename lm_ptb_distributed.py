@@ -19,7 +19,7 @@ def main(argv=None, callbacks=()):
     tuning.resolve(args)  # --row_groups auto: the fastest here, timed once
     # Horovod: 1. Import and start Horovod; rank, size and local_rank come from the launcher.
     hvd = cli.import_horovod()
-    context.set_horovod_tuning()  # Horovod: 1. No fusion, a 0.2 ms cycle, 2 hosts: MPI recursive doubling.
+    context.set_horovod_tuning()  # Horovod: 1. No fusion, a 0.2 ms cycle; MPI's settings between hosts.
     hvd.init()
     cli.check_world_size(hvd.size())  # Horovod: 1. Never train N copies of a world of one.
     # Horovod: 2. One GPU per local rank, or on CPUs a share of the host's cores per rank.

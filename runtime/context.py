@@ -264,6 +264,18 @@ TWO_HOSTS_ALLREDUCE = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_c
 # A choice of the user's: mpirun -mca, or the environment, or a rules file.
 USERS_ALLREDUCE = (*TWO_HOSTS_ALLREDUCE, "OMPI_MCA_coll_tuned_dynamic_rules_filename")
 
+# Open MPI's TCP transport sends the body of a large message as "puts" of up
+# to 2 GiB once the receiver has acknowledged its first fragment. In an
+# exchange both ranks send at once; a rank whose cores are busy with the
+# backward pass may queue its whole body before it answers the other's first
+# fragment, and that answer then waits behind the body: the two transfers run
+# one after the other, and the step takes one tensor's transfer longer. In
+# puts of 64 KiB the answer waits behind a few of them. On the namespace
+# hosts of docs/how_many_hosts.md this ended the slow steps at 100 Mbit/s, for
+# recursive doubling and Open MPI's own choice alike; on one host it costs
+# the small step's collectives about a millisecond of CPU over loopback TCP.
+BETWEEN_HOSTS_TCP = {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "65536"}
+
 
 def elastic_job():
     """Whether horovodrun started this process in elastic mode (it sets HOROVOD_ELASTIC=1)."""
@@ -271,9 +283,10 @@ def elastic_job():
 
 
 def set_horovod_tuning():
-    """Sets HOROVOD_TUNING's values where the environment leaves them unset, and for two ranks
-    that mpirun put on two hosts, TWO_HOSTS_ALLREDUCE where the user chose no allreduce; must
-    run before hvd.init().
+    """Sets HOROVOD_TUNING's values where the environment leaves them unset; for ranks that
+    mpirun put on more than one host, BETWEEN_HOSTS_TCP's where the environment leaves them
+    unset, and for one rank on each of two hosts TWO_HOSTS_ALLREDUCE where the user chose no
+    allreduce; must run before hvd.init().
 
     Not in an elastic run: with both set, Horovod 0.28.1's background thread
     may segfault in its parameter manager when the world re-forms.
@@ -282,8 +295,11 @@ def set_horovod_tuning():
         return
     for key, value in HOROVOD_TUNING.items():
         os.environ.setdefault(key, value)
-    two_hosts = (os.environ.get("OMPI_COMM_WORLD_SIZE"), os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")) == ("2", "1")
-    if two_hosts and not any(name in os.environ for name in USERS_ALLREDUCE):
+    world, local = (int(os.environ.get(name, 1)) for name in LAUNCHER_SIZES[0])
+    if world > local:
+        for key, value in BETWEEN_HOSTS_TCP.items():
+            os.environ.setdefault(key, value)
+    if (world, local) == (2, 1) and not any(name in os.environ for name in USERS_ALLREDUCE):
         os.environ.update(TWO_HOSTS_ALLREDUCE)
 
 

@@ -122,12 +122,36 @@ def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, wor
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-    for name in (*context.USERS_ALLREDUCE, *context.HOROVOD_TUNING):  # restored after the test
-        monkeypatch.delenv(name, raising=False)
+    for name in (*context.USERS_ALLREDUCE, *context.BETWEEN_HOSTS_TCP, *context.HOROVOD_TUNING):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
     for name, value in users.items():
         monkeypatch.setenv(name, value)
     context.set_horovod_tuning()
     assert {name: os.environ[name] for name in context.USERS_ALLREDUCE if name in os.environ} == want
+
+
+@pytest.mark.parametrize("world, local, users, want", [
+    ("2", "1", {}, context.BETWEEN_HOSTS_TCP),  # one rank on each of two hosts
+    ("4", "2", {}, context.BETWEEN_HOSTS_TCP),  # two on each of two
+    ("4", "1", {}, context.BETWEEN_HOSTS_TCP),
+    ("2", "2", {}, {}),  # one host: shared memory, or TCP only if the user asks for it
+    (None, None, {}, {}),  # no mpirun
+    ("2", "1", {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "1048576"},
+     {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "1048576"}),
+])
+def test_ranks_on_several_hosts_put_large_messages_in_pieces(monkeypatch, world, local, users, want):
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    for name, value in {"OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_SIZE": local}.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    for name in (*context.BETWEEN_HOSTS_TCP, *context.USERS_ALLREDUCE, *context.HOROVOD_TUNING):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
+    for name, value in users.items():
+        monkeypatch.setenv(name, value)
+    context.set_horovod_tuning()
+    assert {name: os.environ[name] for name in context.BETWEEN_HOSTS_TCP if name in os.environ} == want
 
 
 def test_set_horovod_tuning_leaves_an_elastic_run_alone(monkeypatch):
