@@ -16,6 +16,7 @@ import time
 
 from benchmarks.results import RESULT_TAG, spread
 from harness.launch import Launch, run_bounded
+from runtime.context import BETWEEN_HOSTS_TCP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The workers run as `bench.py --worker JSON` (benchmarks/workers.py).
@@ -24,11 +25,13 @@ PYTHON = sys.executable
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-map-by", "slot",
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "HOROVOD_TIMELINE",
           "-x", "HOROVOD_CYCLE_TIME", "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "TF_CPP_MIN_LOG_LEVEL"]
-# TCP as between hosts, even on one host (btl "vader,self" is Open MPI's shared memory).
+# TCP as between hosts, even on one host (btl "vader,self" is Open MPI's shared memory),
+# in the pieces that set_horovod_tuning() asks for between hosts.
 # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning
 # on it, which with ranks sharing cores is the core its peer needs (a lever row
 # measures it off).
-MCA = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_disable_family": "6", "mpi_yield_when_idle": "1"}
+MCA = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_disable_family": "6", "mpi_yield_when_idle": "1",
+       **{name.removeprefix("OMPI_MCA_"): value for name, value in BETWEEN_HOSTS_TCP.items()}}
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")  # the team's data and reference, beside the clone
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", os.path.join(ROOT, ".venv-torch", "bin", "python"))
 TORCH_REFERENCE = os.environ.get("TORCH_REFERENCE", os.path.join(SHARED, "bench", "torch_ref_lm.py"))
