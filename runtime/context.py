@@ -271,9 +271,8 @@ USERS_ALLREDUCE = (*TWO_HOSTS_ALLREDUCE, "OMPI_MCA_coll_tuned_dynamic_rules_file
 # fragment, and that answer then waits behind the body: the two transfers run
 # one after the other, and the step takes one tensor's transfer longer. In
 # puts of 64 KiB the answer waits behind a few of them. On the namespace
-# hosts of docs/how_many_hosts.md this ended the slow steps at 100 Mbit/s, for
-# recursive doubling and Open MPI's own choice alike; on one host it costs
-# the small step's collectives about a millisecond of CPU over loopback TCP.
+# hosts of docs/how_many_hosts.md this ended the slow steps at 100 Mbit/s;
+# over loopback TCP it costs the small step's collectives about a millisecond.
 BETWEEN_HOSTS_TCP = {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "65536"}
 
 
