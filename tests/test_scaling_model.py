@@ -142,11 +142,11 @@ def test_every_setting_of_the_grid_was_measured(shaped_links):
 
 
 def test_the_model_on_the_measured_cases(shaped_links):
-    """The goal is every case within validation.BOUND (15%). The model meets it in 31 of the 36
+    """The goal is every case within validation.BOUND (15%). The model meets it in 33 of the 36
     and is low in the others, never high: the test holds it to that, so a change that makes it
     worse fails, and one that meets the goal tightens it."""
     errors = [error for _, _, error in validation.errors(shaped_links)]
-    assert sum(abs(error) <= validation.BOUND for error in errors) >= 31
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 33
     assert max(errors) <= validation.BOUND and min(errors) > -0.5
 
 
@@ -159,7 +159,7 @@ def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_
     pairs_only = dict(shaped_links, cases=[{k: v for k, v in case.items() if k != "probe_all"}
                                            for case in shaped_links["cases"]])
     assert within(shaped_links) >= 22
-    assert within(pairs_only) <= 6
+    assert within(pairs_only) <= 14
 
 
 def test_without_the_bandwidth_term_the_model_misses(shaped_links):
