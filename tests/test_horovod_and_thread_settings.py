@@ -106,16 +106,9 @@ def test_set_horovod_tuning_fills_only_what_the_environment_leaves_unset(monkeyp
     assert (os.environ["HOROVOD_FUSION_THRESHOLD"], os.environ["HOROVOD_CYCLE_TIME"]) == ("0", "5")
 
 
-@pytest.mark.parametrize("world, local, users, want", [
-    ("2", "1", {}, context.TWO_HOSTS_ALLREDUCE),  # one rank on each of two hosts
-    ("2", "2", {}, {}),  # two ranks on one host
-    ("4", "1", {}, {}),  # more hosts: Open MPI's own choice
-    (None, None, {}, {}),  # no mpirun
-    ("2", "1", {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}),
-    ("2", "1", {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"},
-     {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"}),
-])
-def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, world, local, users, want):
+def _tuned_under_mpirun(monkeypatch, world, local, users):
+    """The environment set_horovod_tuning() leaves for a rank of `world` with `local` on its host
+    (None: no mpirun), given the user's `users` settings."""
     monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     for name, value in {"OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_SIZE": local}.items():
         if value is None:
@@ -127,7 +120,21 @@ def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, wor
     for name, value in users.items():
         monkeypatch.setenv(name, value)
     context.set_horovod_tuning()
-    assert {name: os.environ[name] for name in context.USERS_ALLREDUCE if name in os.environ} == want
+    return dict(os.environ)
+
+
+@pytest.mark.parametrize("world, local, users, want", [
+    ("2", "1", {}, context.TWO_HOSTS_ALLREDUCE),  # one rank on each of two hosts
+    ("2", "2", {}, {}),  # two ranks on one host
+    ("4", "1", {}, {}),  # more hosts: Open MPI's own choice
+    (None, None, {}, {}),  # no mpirun
+    ("2", "1", {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}, {"OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}),
+    ("2", "1", {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"},
+     {"OMPI_MCA_coll_tuned_dynamic_rules_filename": "rules.txt"}),
+])
+def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, world, local, users, want):
+    tuned = _tuned_under_mpirun(monkeypatch, world, local, users)
+    assert {name: tuned[name] for name in context.USERS_ALLREDUCE if name in tuned} == want
 
 
 @pytest.mark.parametrize("world, local, users, want", [
@@ -140,18 +147,8 @@ def test_two_hosts_get_recursive_doubling_unless_the_user_chose(monkeypatch, wor
      {"OMPI_MCA_btl_tcp_rdma_pipeline_frag_size": "1048576"}),
 ])
 def test_ranks_on_several_hosts_put_large_messages_in_pieces(monkeypatch, world, local, users, want):
-    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
-    for name, value in {"OMPI_COMM_WORLD_SIZE": world, "OMPI_COMM_WORLD_LOCAL_SIZE": local}.items():
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    for name in (*context.BETWEEN_HOSTS_TCP, *context.USERS_ALLREDUCE, *context.HOROVOD_TUNING):
-        monkeypatch.delenv(name, raising=False)  # restored after the test
-    for name, value in users.items():
-        monkeypatch.setenv(name, value)
-    context.set_horovod_tuning()
-    assert {name: os.environ[name] for name in context.BETWEEN_HOSTS_TCP if name in os.environ} == want
+    tuned = _tuned_under_mpirun(monkeypatch, world, local, users)
+    assert {name: tuned[name] for name in context.BETWEEN_HOSTS_TCP if name in tuned} == want
 
 
 def test_set_horovod_tuning_leaves_an_elastic_run_alone(monkeypatch):
