@@ -16,7 +16,7 @@ import time
 
 from benchmarks.results import RESULT_TAG, spread
 from harness.launch import Launch, run_bounded
-from runtime.context import BETWEEN_HOSTS_TCP
+from runtime.horovod_env import BETWEEN_HOSTS_TCP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The workers run as `bench.py --worker JSON` (benchmarks/workers.py).
