@@ -59,7 +59,7 @@ def advise(shape, ranks, compute_s, compute_sd_s, exposed_s, machine, horovod=Ho
         their_rows = shapes[mode].rows(p)
         return Compute(compute_s * their_rows / rows, compute_sd_s * their_rows / rows)
 
-    results = predictions(shapes, computes, link, machine, horovod)
+    results = predictions(shapes, computes, lambda p: link, machine, horovod)
     current = (horovod.sparse_as_dense, horovod.fp16_allreduce)
     here = {options: results[shape.batch_mode, ranks, options] for options in OPTIONS}
     best = min(OPTIONS, key=lambda options: (here[options].step_s, options != current))

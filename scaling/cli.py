@@ -27,7 +27,9 @@ def parse_args(argv):
     link = parser.add_argument_group("the link (one of)")
     link.add_argument("--link", choices=sorted(links.LINKS), help="a named link (scaling/links.py)")
     link.add_argument("--bandwidth", type=float, metavar="GBIT", help="a measured link: Gbit/s of one TCP stream")
-    link.add_argument("--probe", metavar="HOST", help="measure the link to HOST (ssh, this checkout's path there)")
+    link.add_argument("--probe", metavar="HOST", nargs="+",
+                      help="measure the link to HOST (ssh, this checkout's path there); with more hosts, also "
+                           "over all of them, one rank each, for the runs that span more than two hosts")
     parser.add_argument("--latency", type=float, default=50.0, metavar="US",
                         help="with --bandwidth: one-way latency of a small message (default 50)")
     parser.add_argument("--ranks_per_host", type=int, default=1, help="ranks on each host, sharing its cores and link")
@@ -47,7 +49,9 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     chosen = [name for name in ("link", "bandwidth", "probe") if getattr(args, name) is not None]
     if len(chosen) != 1:
-        parser.error("give the link once: --link NAME, --bandwidth GBIT [--latency US], or --probe HOST")
+        parser.error("give the link once: --link NAME, --bandwidth GBIT [--latency US], or --probe HOST [HOST ...]")
+    if args.probe and len(set(args.probe)) < len(args.probe):
+        parser.error(f"--probe names a host twice: {' '.join(args.probe)}; each host once, one rank each")
     for name in ("bandwidth", "latency", "compute_ms", "cycle_ms"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -57,14 +61,29 @@ def parse_args(argv):
     return args
 
 
-def get_link(args):
-    """(Link, the link's name in the title)."""
-    if args.link:
-        return links.LINKS[args.link], args.link
-    if args.bandwidth:
-        return Link(args.bandwidth * links.GBIT, args.latency * 1e-6), "given"
-    from scaling.measure import link_of, probe_host
-    return link_of(probe_host(args.probe)), f"probed to {args.probe}"
+def describe(link):
+    return (f"{link.bandwidth * 8 / 1e9:.4g} Gbit/s one way, {link.duplex * 8 / 1e9:.4g} Gbit/s each way exchanging, "
+            f"latency {link.latency * 1e6:.4g} us")
+
+
+def get_links(args):
+    """(links, the link's name in the title, a line per link): links(hosts) is the Link between
+    that many hosts."""
+    if args.link or args.bandwidth:
+        link = links.LINKS[args.link] if args.link else Link(args.bandwidth * links.GBIT, args.latency * 1e-6)
+        return (lambda hosts: link), args.link or "given", [f"link: {describe(link)}"]
+    from scaling.measure import link_of, probe_hosts
+    first = probe_hosts(args.probe[:1])
+    pair = link_of(first)
+    lines = [f"link probed between this host and {args.probe[0]}: {describe(pair)}"]
+    if len(args.probe) == 1:
+        return (lambda hosts: pair), f"probed to {args.probe[0]}", lines
+    # Over more hosts the same bytes meet more ranks' protocol, cores and switch ports: the link as
+    # all of them see it stands for every run that spans more than two hosts.
+    loaded = link_of(first, probe_hosts(args.probe))
+    lines.append(f"link probed over this host and {', '.join(args.probe)}, for runs on more than two hosts: "
+                 f"{describe(loaded)}")
+    return (lambda hosts: pair if hosts <= 2 else loaded), f"probed to {', '.join(args.probe)}", lines
 
 
 def get_computes(args, shape, overrides):
@@ -105,12 +124,15 @@ def main(argv=None):
         print(f"error: {err}", file=sys.stderr)
         return 2
     try:
-        link, link_name = get_link(args)
+        link_for_hosts, link_name, link_lines = get_links(args)
     except OSError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    # The ranks of a host share its link.
-    host_link = Link(link.bandwidth / args.ranks_per_host, link.latency, link.duplex / args.ranks_per_host)
+
+    def link_for(ranks):
+        # The ranks of a host share its link.
+        link = link_for_hosts(max(1, ranks // args.ranks_per_host))
+        return Link(link.bandwidth / args.ranks_per_host, link.latency, link.duplex / args.ranks_per_host)
     try:
         computes, compute_line = get_computes(args, shapes["global"], overrides)
     except OSError as err:
@@ -120,11 +142,13 @@ def main(argv=None):
     machine = Machine(args.cores, args.ranks_per_host, threads)
     horovod = Horovod(args.cycle_ms / 1e3, int(args.fusion_mb * 2 ** 20), algorithm=args.allreduce)
     ranks = [p for p in report.RANKS if p % args.ranks_per_host == 0 or p == 1]
-    results = report.predictions(shapes, computes, host_link, machine, horovod, ranks)
+    results = report.predictions(shapes, computes, link_for, machine, horovod, ranks)
     where = "a GPU's compute" if args.compute_ms else f"{args.cores} cores"
-    title = (f"{args.config}, {args.precision}, link {link_name} ({link.bandwidth * 8 / 1e9:.3g} Gbit/s, "
-             f"{link.latency * 1e6:.3g} us), {args.ranks_per_host} rank(s) per host with {where}")
+    pair = link_for_hosts(2)
+    title = (f"{args.config}, {args.precision}, link {link_name} ({pair.bandwidth * 8 / 1e9:.3g} Gbit/s, "
+             f"{pair.latency * 1e6:.3g} us), {args.ranks_per_host} rank(s) per host with {where}")
     print(title)
+    print("\n".join(link_lines))
     print(compute_line)
     print("\n".join(report.table(results, ranks)))
     if args.plot:

@@ -56,16 +56,18 @@ def probe_command(hosts):
     return mpirun(hosts, [os.path.join(ROOT, "scaling", "probe.py")])
 
 
-def probe_host(host, timeout=900):
-    """Probes the link from this host to `host` (mpirun reaches it by ssh; the checkout and its
-    .venv at the same paths there, as training needs). Raises OSError with the job's last words."""
+def probe_hosts(hosts, timeout=900):
+    """Probes the link from this host to `hosts`, one rank on each (mpirun reaches them by ssh;
+    the checkout and its .venv at the same paths there, as training needs). Raises OSError with
+    the job's last words."""
     from harness.launch import run_bounded
-    outcome = run_bounded(probe_command(["localhost", host]), timeout, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                          cwd=ROOT)
+    outcome = run_bounded(probe_command(["localhost", *hosts]), timeout,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), cwd=ROOT)
     result = tagged(outcome.stdout, probe.TAG)
     if result is None:
         last = (outcome.stderr.strip().splitlines() or ["no output"])[-1]
-        raise OSError(f"the probe to {host}: " + (f"timed out after {timeout} s" if outcome.timed_out else last))
+        raise OSError(f"the probe to {', '.join(hosts)}: "
+                      + (f"timed out after {timeout} s" if outcome.timed_out else last))
     return result
 
 

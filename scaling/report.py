@@ -13,15 +13,16 @@ def option_name(sparse_as_dense, fp16_allreduce):
     return " ".join(names) or "none"
 
 
-def predictions(shapes, computes, link, machine, horovod, ranks=RANKS):
+def predictions(shapes, computes, link_for, machine, horovod, ranks=RANKS):
     """{(mode, ranks, options): Prediction or None} for every case: shapes[mode] is the config's
-    Shape in that batch mode, computes(mode, ranks) the Compute of that rank count's rows."""
+    Shape in that batch mode, computes(mode, ranks) the Compute of that rank count's rows,
+    link_for(ranks) the Link those ranks see."""
     out = {}
     for mode, p, options in itertools.product(MODES, ranks, OPTIONS):
         rows = shapes[mode].rows(p)
         settings = Horovod(horovod.cycle_s, horovod.fusion_bytes, options[1], options[0], horovod.algorithm)
-        out[mode, p, options] = None if rows is None else predict_step(shapes[mode], p, computes(mode, p), link,
-                                                                          machine, settings)
+        out[mode, p, options] = None if rows is None else predict_step(shapes[mode], p, computes(mode, p),
+                                                                          link_for(p), machine, settings)
     return out
 
 

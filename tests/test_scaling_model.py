@@ -244,8 +244,46 @@ def test_how_many_hosts_prints_the_models_steps_and_draws_the_plot(tmp_path):
     assert plot.stat().st_size > 10_000
 
 
+def _link(line):
+    """The Link of one of the command's "link ...: A Gbit/s one way, B Gbit/s each way exchanging,
+    latency C us" lines."""
+    words = line.split(": ", 1)[1].replace(",", "").split()
+    return Link(bandwidth=float(words[0]) * 1e9 / 8, exchange=float(words[4]) * 1e9 / 8,
+                latency=float(words[-2]) * 1e-6)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xdist_group("cluster_elastic")
+def test_how_many_hosts_probes_two_hosts_and_then_all_of_them(make_cluster):
+    # Three namespace hosts, each sending at most 200 Mbit/s; the command runs on host1.
+    hosts = make_cluster(3)
+    hosts.cap("200mbit")
+    cmd = [PYTHON, os.path.join(ROOT, "how_many_hosts.py"), "--config", "config_small", "--probe", "host2", "host3",
+           "--compute_ms", "50", "--plot", ""]
+    outcome = hosts.start("host1", cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"), cwd=ROOT).finish(240)
+    assert not outcome.timed_out and outcome.returncode == 0, outcome.stderr[-3000:]
+    assert outcome.left_behind == [] and hosts.left_after(10) == []
+    lines = outcome.stdout.splitlines()
+    assert lines[0].startswith("config_small, float32, link probed to host2, host3 (")
+    pair_line = "link probed between this host and host2: "
+    all_line = "link probed over this host and host2, host3, for runs on more than two hosts: "
+    assert lines[1].startswith(pair_line) and lines[2].startswith(all_line), lines[:3]
+    pair, loaded = _link(lines[1]), _link(lines[2])
+    # Both read what MPI's 8 MiB messages carry through the cap.
+    for link in (pair, loaded):
+        assert 0.05e9 / 8 < link.bandwidth < 0.2e9 / 8, link
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines
+            if line.startswith("| ") and line[2].isdigit()}
+    small = shape("config_small", batch_mode="per_worker")
+    for ranks, link in ((2, pair), (3, loaded), (4, loaded), (64, loaded)):
+        expected = predict_step(small, ranks, Compute(0.050), link, GPU)
+        # The links as printed, to four digits.
+        assert float(rows[str(ranks)][1]) == pytest.approx(expected.step_s * 1e3, rel=1e-3), ranks
+
+
 @pytest.mark.parametrize("args, message", [
-    ([], "give the link once: --link NAME, --bandwidth GBIT [--latency US], or --probe HOST"),
+    ([], "give the link once: --link NAME, --bandwidth GBIT [--latency US], or --probe HOST [HOST ...]"),
+    (["--probe", "host2", "host3", "host2"], "--probe names a host twice: host2 host3 host2"),
     (["--link", "1gbe", "--bandwidth", "1"], "give the link once"),
     (["--link", "5gbe"], "argument --link: invalid choice: '5gbe'"),
     (["--bandwidth", "0"], "--bandwidth must be positive, not 0"),
