@@ -16,6 +16,7 @@ from benchmarks.analytic import analytic_flops, gradient_bytes
 from benchmarks.results import RESULT_TAG, spread
 from runtime import context
 from runtime.plan import BatchPlan
+from scaling.timeline import collective_ms
 
 
 MIN_WINDOW_S = 0.05
@@ -112,45 +113,6 @@ def _batches(config, data_path, rank, size, global_batch):
         ids = np.random.default_rng(0).integers(0, config["vocab_size"], 200_000).astype(np.int32)
     while True:
         yield from ptb_reader.ptb_iterator(ids, global_batch, num_steps, rank, size)
-
-
-def timeline_collective_ms(path, steps):
-    """Per-step ms that rank 0 spent in Horovod collectives, from a timeline file.
-
-    Returns {"comm": union of the MPI/Gloo transfer spans, "collective":
-    union of the whole collective spans after negotiation, "negotiate":
-    union of negotiation spans (mostly waiting for the slower rank)}.
-    """
-    with open(path) as f:
-        text = f.read().strip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
-    open_spans, spans = {}, {"comm": [], "collective": [], "negotiate": []}
-    for event in events:
-        if event.get("ph") not in ("B", "E"):
-            continue
-        key = (event.get("pid"), event.get("tid"))
-        if event["ph"] == "B":
-            open_spans.setdefault(key, []).append((event.get("name", ""), event["ts"]))
-            continue
-        if not open_spans.get(key):
-            continue
-        name, begin = open_spans[key].pop()
-        if name.startswith(("MPI_", "GLOO_")) and "CALLBACK" not in name:
-            spans["comm"].append((begin, event["ts"]))
-        elif name.startswith("NEGOTIATE"):
-            spans["negotiate"].append((begin, event["ts"]))
-        elif name in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"):
-            spans["collective"].append((begin, event["ts"]))
-
-    def union_ms(intervals):
-        total, end = 0.0, float("-inf")
-        for begin, finish in sorted(intervals):
-            if finish > end:
-                total += finish - max(begin, end)
-                end = finish
-        return total / 1e3
-
-    return {kind: union_ms(intervals) / steps for kind, intervals in spans.items()}
 
 
 class UnsyncedContext(context.LocalContext):
@@ -251,7 +213,7 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
         result["horovod_cpu_ms_per_step"] = ctx.allgather_object(horovod_cpu, name="horovod_cpu_ms")
     if timeline and ctx.is_rank0:
         hvd.stop_timeline()
-        result["collectives_ms"] = timeline_collective_ms(timeline, steps * repeats)
+        result["collectives_ms"] = collective_ms(timeline, steps * repeats)
     tokens = plan.global_batch * config["num_steps"]
     result.update(cell=model.decoder.cell.name, loss=model.ops.loss,
                   words_per_s=spread([tokens / ms * 1e3 for ms in windows]), ranks=ctx.size,

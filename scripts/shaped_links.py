@@ -27,6 +27,9 @@ and sent again. --queue_ms sets how long a packet may wait in a tbf queue (200 m
 --mca NAME=VALUE sets an Open MPI parameter for every job of the run, probe and training alike
 (as OMPI_MCA_NAME in their environment), e.g. the allreduce algorithm:
 `--mca coll_tuned_use_dynamic_rules=1 --mca coll_tuned_allreduce_algorithm=3`.
+--timeline DIR has each run record rank 0's Horovod timeline (DIR/CONFIG_LINK_RANKS_MODE.json)
+and keeps in the JSON, per step, each gradient's negotiation, collective and transfer times
+beside the step's; --report_from then prints them. Recording adds its own cost to the steps.
 Under a launcher the script is also each rank's entry (`train ARGS`: lm_ptb_distributed.py's
 main with the step-time callback).
 """
@@ -169,8 +172,9 @@ def inputs(hosts, config, ranks, mode, data_path):
     return probed, probed_all, compute, cpu
 
 
-def run_case(hosts, config, link, ranks, mode, corpus, workdir):
-    """Trains one case on hosts 1..ranks; returns its measured step and the load beside it."""
+def run_case(hosts, config, link, ranks, mode, corpus, workdir, timeline=None):
+    """Trains one case on hosts 1..ranks; returns its measured step and the load beside it (and,
+    with `timeline`, a path, rank 0's Horovod timeline there and each step's collectives)."""
     log = os.path.join(workdir, "train.log")
     steps, skip = STEPS.get((config, link), STEPS[config])
     mpirun = ["mpirun", "--allow-run-as-root", "-np", str(ranks),
@@ -182,6 +186,9 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
            "--output_dir", os.path.join(workdir, "out"), "--max_steps_per_epoch", str(steps),
            *[a for value in sets for a in ("--set", value)], "-m", "workers", "-l", log]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **THREADS)
+    if timeline:
+        env["HOROVOD_TIMELINE"] = timeline
+        cmd[1:1] = ["-x", "HOROVOD_TIMELINE"]
     before, counters = load_average(), hosts.link_counters()
     outcome = hosts.start("host1", cmd, env=env, cwd=ROOT).finish(3600)
     after = load_average()
@@ -198,12 +205,32 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir):
     step_ms = statistics.median(ranks_steps[0][s][0] for s in kept)
     ours = sum(statistics.median(steps[s][1] for s in kept) for steps in ranks_steps)
     machine_ms = statistics.median(ranks_steps[0][s][2] for s in kept)
-    return {"step_ms": step_ms, "steps_ms": [ranks_steps[0][s][0] for s in sorted(ranks_steps[0])],
-            "ranks_cpu_ms": ours, "other_cores": max(0.0, machine_ms - ours) / step_ms,
-            "load_before": before, "load_after": after, "link_counters": counted}
+    measured = {"step_ms": step_ms, "steps_ms": [ranks_steps[0][s][0] for s in sorted(ranks_steps[0])],
+                "ranks_cpu_ms": ours, "other_cores": max(0.0, machine_ms - ours) / step_ms,
+                "load_before": before, "load_after": after, "link_counters": counted}
+    if timeline:
+        from scaling.timeline import per_step
+        measured["timeline_steps"] = [{name: [round(times[kind], 3) for kind in ("negotiate", "collective", "transfer")]
+                                       for name, times in step.items()} for step in per_step(timeline)]
+    return measured
 
 
-def measure_all(data_path, out, only, queue_ms=200, mca=None):
+def timeline_lines(case):
+    """Markdown lines for a case with a timeline: per step its time and, per gradient, the ms
+    it waited in negotiation and then took in transfer (negotiation/transfer)."""
+    steps = case["timeline_steps"]
+    names = sorted({name for step in steps for name in step}, key=lambda n: (len(n), n))
+    title = f"{case['config']} {case['link']} {case['ranks']} {case['mode']}"
+    lines = [f"{title}: per step, each gradient's negotiation / transfer ms",
+             "| step | step ms | " + " | ".join(n.replace("_gradient_", " ") for n in names) + " |",
+             "|---" * (len(names) + 2) + "|"]
+    for number, (step_ms, step) in enumerate(zip(case["steps_ms"], steps), 1):
+        cells = [f"{step[n][0]:.1f} / {step[n][2]:.1f}" if n in step else "-" for n in names]
+        lines.append(f"| {number} | {step_ms:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def measure_all(data_path, out, only, queue_ms=200, mca=None, timelines=None):
     from harness import cluster
     missing = cluster.missing_tools()
     if os.geteuid() != 0 or missing:
@@ -215,7 +242,7 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None):
     # mpirun hands its OMPI_MCA_ variables to every rank it starts, on every host.
     mca = dict(mca or {})
     os.environ.update({f"OMPI_MCA_{name}": value for name, value in mca.items()})
-    results = {"machine": machine(), "queue_ms": queue_ms, "mca": mca, "cases": []}
+    results = {"machine": machine(), "queue_ms": queue_ms, "mca": mca, "timeline": bool(timelines), "cases": []}
     try:
         corpus = short_corpus(data_path, os.path.join(work, "ptb"))
         for link in [link for link in LINKS if any(case[1] == link for case in cases)]:
@@ -228,8 +255,10 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None):
                     quiet = wait_for_quiet()
                     probed, probed_all, compute, cpu = inputs(hosts, config, ranks, mode,
                                                               os.path.abspath(data_path))
+                    timeline = (os.path.join(timelines, f"{config}_{link}_{ranks}_{mode}.json")
+                                if timelines else None)
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
-                                        tempfile.mkdtemp(prefix="case.", dir=work))
+                                        tempfile.mkdtemp(prefix="case.", dir=work), timeline)
                     results["cases"].append({
                         "config": config, "link": link, "ranks": ranks, "mode": mode,
                         "shape": shape(config, ranks, mode), "probe": probed,
@@ -281,15 +310,24 @@ def main(argv=None):
                         help="how long a packet may wait in a shaped link's queue before it is dropped")
     parser.add_argument("--mca", action="append", default=[], type=mca_setting, metavar="NAME=VALUE",
                         help="an Open MPI parameter for every job (repeatable)")
+    parser.add_argument("--timeline", metavar="DIR",
+                        help="record rank 0's Horovod timeline of each run in DIR and each step's collectives "
+                             "in the JSON (it slows the steps)")
     parser.add_argument("--report_from", metavar="JSON", help="measure nothing: print the table of a saved run")
     args = parser.parse_args(argv)
     if args.report_from:
         with open(args.report_from) as f:
             results = json.load(f)
     else:
-        results = measure_all(args.data_path, args.out, args.only, args.queue_ms, dict(args.mca))
+        if args.timeline:
+            os.makedirs(args.timeline, exist_ok=True)
+        results = measure_all(args.data_path, args.out, args.only, args.queue_ms, dict(args.mca),
+                              args.timeline and os.path.abspath(args.timeline))
     from scaling.validation import table
     print("\n".join(table(results)))
+    for case in results["cases"]:
+        if "timeline_steps" in case:
+            print("\n" + "\n".join(timeline_lines(case)))
     return 0
 
 

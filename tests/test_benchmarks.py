@@ -2,8 +2,9 @@
 goals, rounds, levers and ceiling, from hand-made measurements."""
 import json
 
-from benchmarks import analytic, orchestration, report, workers
+from benchmarks import analytic, orchestration, report
 from runtime.config import load_config
+from scaling import timeline
 
 
 def test_bench_analytic_model_and_timeline_parsing(tmp_path):
@@ -25,7 +26,25 @@ def test_bench_analytic_model_and_timeline_parsing(tmp_path):
     path = tmp_path / "timeline.json"
     # Horovod leaves the JSON array open while it records.
     path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
-    assert workers.timeline_collective_ms(str(path), steps=2) == {"comm": 1.0, "collective": 1.1, "negotiate": 0.25}
+    assert timeline.collective_ms(str(path), steps=2) == {"comm": 1.0, "collective": 1.1, "negotiate": 0.25}
+
+
+def test_a_timeline_read_step_by_step(tmp_path):
+    # Two gradients over two steps, and the loss's collective, which is not a gradient's.
+    events = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}
+              for pid, name in ((1, "allreduce_gradient_0"), (2, "allgather_gradient_1_values"), (3, "loss_and_stop"))]
+    for pid, start in ((1, 0), (2, 5000), (1, 20000), (3, 21000), (2, 26000)):
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": start, "pid": pid},
+                   {"ph": "E", "ts": start + 400 * pid, "pid": pid},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": start + 1000, "pid": pid},
+                   {"ph": "B", "name": "MPI_ALLREDUCE", "ts": start + 1100, "pid": pid},
+                   {"ph": "E", "ts": start + 1100 + 700 * pid, "pid": pid},
+                   {"ph": "E", "ts": start + 2000 + 700 * pid, "pid": pid}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",")
+    first = {"allreduce_gradient_0": {"negotiate": 0.4, "collective": 1.7, "transfer": 0.7},
+             "allgather_gradient_1_values": {"negotiate": 0.8, "collective": 2.4, "transfer": 1.4}}
+    assert timeline.per_step(str(path)) == [first, first]
 
 
 def _bench_row(ms, words, ranks=1, cpu=(60,), flops=6.4e9, **extra):
