@@ -32,6 +32,9 @@ measure the inputs). The parts, in the order the step runs them:
   when the compute ends. Their CPU on such a machine is in the probe's rates, which
   are measured there, over all of a run's ranks where the probe ran on them
   (scaling/measure.py's link_of).
+- **lock step**: where one-thread ranks outnumber a machine's cores, a synchronous
+  step's compute is ceil(ranks / cores) times a rank's CPU time, when that is more
+  than the compute measured with the ranks out of step (lockstep_s).
 - **stragglers**: a synchronous step waits for the slowest rank: the compute's
   step-to-step spread (sd) times the expected maximum of p standard normals.
 
@@ -98,9 +101,12 @@ class Link:
 
 @dataclasses.dataclass(frozen=True)
 class Compute:
-    """The compute of one rank's step: seconds (median) and its step-to-step standard deviation."""
+    """The compute of one rank's step: seconds (median) and its step-to-step standard deviation,
+    measured with the machine's ranks side by side but not in step; `cpu`, where measured, the
+    CPU seconds a step of the busiest of them."""
     seconds: float
     sd: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +256,16 @@ def _fuse(tensors, horovod):
     return out
 
 
+def lockstep_s(compute, machine):
+    """The compute of a synchronised step. Ranks of one thread that outnumber their machine's
+    cores start each step together, and for the step the scheduler leaves some core with
+    ceil(ranks / cores) of them: the last ends after that many times its CPU time. Measured out
+    of step, the ranks drift apart and share the cores evenly, which `compute.seconds` holds."""
+    if machine.threads != 1 or machine.ranks <= machine.cores:
+        return compute.seconds
+    return max(compute.seconds, math.ceil(machine.ranks / machine.cores) * compute.cpu)
+
+
 def predict_step(shape, ranks, compute, link, machine, horovod=Horovod()):
     """The predicted step on `ranks` ranks (a Prediction), or None when the global batch
     does not split over them. `compute` is the step's compute at this rank count's rows."""
@@ -259,6 +275,7 @@ def predict_step(shape, ranks, compute, link, machine, horovod=Horovod()):
     tokens = rows * ranks * shape.num_steps
     if ranks == 1:
         return Prediction(compute.seconds, compute.seconds, 0.0, 0.0, 0.0, tokens)
+    compute = dataclasses.replace(compute, seconds=lockstep_s(compute, machine))
     cost = {"allreduce": lambda t: allreduce_s(t.nbytes, ranks, link, horovod.algorithm),
             "allgather": lambda t: allgather_s(t.nbytes, ranks, link)}
     negotiation = horovod.cycle_s / 2 + small_allreduce_s(ranks, link)

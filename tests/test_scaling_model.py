@@ -119,6 +119,18 @@ def test_the_step_overlaps_the_backward_pass_on_spare_cores_and_waits_for_the_sl
     assert full.step_s > slow.step_s
 
 
+def test_ranks_that_outnumber_the_cores_wait_for_the_core_that_holds_more_of_them():
+    small = shape("config_small", batch_mode="per_worker")
+    compute = Compute(0.300, cpu=0.200)
+    # 3 ranks on 2 cores: one core holds 2 of them for the step, which ends after 2 x 200 ms.
+    three = predict_step(small, 3, compute, LINK, Machine(cores=2, ranks=3, threads=1))
+    assert three.compute_s == pytest.approx(0.400)
+    # On cores enough, or at an even share that the out-of-step compute already shows, it stays.
+    assert predict_step(small, 3, compute, LINK, Machine(cores=4, ranks=3, threads=1)).compute_s == 0.300
+    assert predict_step(small, 4, Compute(0.400, cpu=0.200), LINK, Machine(cores=2, ranks=4)).compute_s == 0.400
+    assert predict_step(small, 3, Compute(0.300), LINK, Machine(cores=2, ranks=3)).compute_s == 0.300
+
+
 def test_a_global_batch_that_does_not_split_has_no_step():
     assert predict_step(shape("config_small"), 3, Compute(0.05), LINK, Machine(cores=2)) is None
     assert shape("config_small").rows(4) == 5 and shape("config_small", batch_mode="per_worker").rows(3) == 20
@@ -142,12 +154,24 @@ def test_every_setting_of_the_grid_was_measured(shaped_links):
 
 
 def test_the_model_on_the_measured_cases(shaped_links):
-    """The goal is every case within validation.BOUND (15%). The model meets it in 33 of the 36
+    """The goal is every case within validation.BOUND (15%). The model meets it in 34 of the 36
     and is low in the others, never high: the test holds it to that, so a change that makes it
     worse fails, and one that meets the goal tightens it."""
     errors = [error for _, _, error in validation.errors(shaped_links)]
-    assert sum(abs(error) <= validation.BOUND for error in errors) >= 33
-    assert max(errors) <= validation.BOUND and min(errors) > -0.5
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 34
+    assert max(errors) <= validation.BOUND and min(errors) > -0.3
+
+
+def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
+    # Without the ranks' CPU time the model has only their compute out of step, and config_medium's
+    # unshaped 3-rank cases, whose compute is the most of the step, fall short.
+    def out_of_step(shape, ranks, compute, link, machine, horovod):
+        return predict_step(shape, ranks, dataclasses.replace(compute, cpu=0.0), link, machine, horovod)
+    errors = {(c["config"], c["link"], c["ranks"], c["mode"]): error
+              for c, _, error in validation.errors(shaped_links, out_of_step)}
+    assert errors["config_medium", "unshaped", 3, "global"] < -validation.BOUND
+    assert errors["config_medium", "unshaped", 3, "per_worker"] < -0.35
+    assert sum(abs(error) <= validation.BOUND for error in errors.values()) <= 33
 
 
 def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_links):
@@ -158,8 +182,8 @@ def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_
                    if case["ranks"] > 2)
     pairs_only = dict(shaped_links, cases=[{k: v for k, v in case.items() if k != "probe_all"}
                                            for case in shaped_links["cases"]])
-    assert within(shaped_links) >= 22
-    assert within(pairs_only) <= 14
+    assert within(shaped_links) >= 23
+    assert within(pairs_only) <= 15
 
 
 def test_without_the_bandwidth_term_the_model_misses(shaped_links):
