@@ -67,7 +67,7 @@ def per_step(path, prefixes=("allreduce_gradient_", "allgather_gradient_")):
     for name, tensor in sorted(spans(path).items()):
         if not name.startswith(prefixes):
             continue
-        for k, kind in enumerate(("negotiate", "collective", "transfer")):
+        for kind in ("negotiate", "collective", "transfer"):
             for step, (_, begin, end) in enumerate(s for s in tensor if s[0] == kind):
                 while len(steps) <= step:
                     steps.append({})
