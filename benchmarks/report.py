@@ -245,8 +245,9 @@ def goals(results):
     if results.get("unsynced_2x1"):
         # Both ranks and their transfers share the cores: the CPU time of Horovod's threads is a floor.
         horovod = results["hvd_2x1"].get("horovod_cpu_ms_per_step")
-        floor = f"; Horovod's threads take {' / '.join(f'{ms:.0f}' for ms in horovod)} CPU ms a step per rank" \
-            if horovod else ""
+        floor = (f"; Horovod's threads take {' / '.join(f'{ms:.0f}' for ms in horovod)} CPU ms a step per rank, "
+                 f"{statistics.median(horovod) / results['unsynced_2x1']['ms_per_step'][0]:.0%} of the "
+                 f"compute-alone step, waiting included") if horovod else ""
         out.append(_per_round(
             results, lambda r: (r["hvd_2x1"]["ms_per_step"][0] - r["unsynced_2x1"]["ms_per_step"][0])
             / r["unsynced_2x1"]["ms_per_step"][0],

@@ -69,7 +69,9 @@ def test_bench_goals_from_measurements():
     assert got["communication adds <= 15% to the compute-alone step"] == ("5.3%", True)   # (40 - 38) / 38
     assert [text for text in got if text.startswith("communication")] == [
         "communication adds <= 15% to the compute-alone step"]
-    assert "Horovod's threads take 12 / 10 CPU ms a step per rank)" in [
+    # Their median, 10.75 of the 38 ms the ranks compute: CPU that full cores cannot hide.
+    assert "Horovod's threads take 12 / 10 CPU ms a step per rank, 28% of the compute-alone step, waiting " \
+           "included)" in [
         text for text, _, _ in report.goals(results) if text.startswith("communication")][0]
     assert got["the step's collectives alone"] == ("10.0%", False)              # 4 / 40
     assert got["time inside collectives <= 5% of the 2x1 step"] == ("25.0%", False)
