@@ -65,10 +65,22 @@ def probe_hosts(hosts, timeout=900):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), cwd=ROOT)
     result = tagged(outcome.stdout, probe.TAG)
     if result is None:
-        last = (outcome.stderr.strip().splitlines() or ["no output"])[-1]
         raise OSError(f"the probe to {', '.join(hosts)}: "
-                      + (f"timed out after {timeout} s" if outcome.timed_out else last))
+                      + (f"timed out after {timeout} s" if outcome.timed_out else why_failed(outcome.stderr)))
     return result
+
+
+def why_failed(stderr):
+    """The line of a failed mpirun job's stderr that says why. Open MPI follows a failure with a
+    help text between rules of dashes, listing causes it can only guess at; what ssh or a rank
+    said comes before it: the last line before the first rule, else the help text's first."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    rule = next((i for i, line in enumerate(lines) if set(line) == {"-"}), len(lines))
+    before = lines[:rule]
+    if before:
+        return before[-1]
+    text = [line for line in lines if set(line) != {"-"}]
+    return text[0] if text else "no output"
 
 
 def link_of(result, loaded=None, algorithm="ompi"):

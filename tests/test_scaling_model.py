@@ -13,7 +13,7 @@ from conftest import PYTHON, ROOT, run_command
 from runtime import context
 from runtime.config import load_config
 from scaling import validation
-from scaling.measure import link_of
+from scaling.measure import link_of, why_failed
 from scaling.links import LINKS
 from scaling.model import (Compute, Horovod, Link, Machine, Shape, allgather_s, allreduce_s, expected_max_normal,
                            gradients, predict_step, small_allreduce_s)
@@ -318,6 +318,28 @@ def test_how_many_hosts_probes_two_hosts_and_then_all_of_them(make_cluster):
         expected = predict_step(small, ranks, Compute(0.050), link, GPU)
         # The links as printed, to four digits.
         assert float(rows[str(ranks)][1]) == pytest.approx(expected.step_s * 1e3, rel=1e-3), ranks
+
+
+def test_a_failed_probe_says_why_in_one_line():
+    # ssh cannot reach the host; mpirun then prints its banner of guesses, which is no reason.
+    proc = run_command([PYTHON, os.path.join(ROOT, "how_many_hosts.py"), "--config", "config_small",
+                        "--probe", "nosuchhost.invalid", "--compute_ms", "50", "--plot", ""], timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: the probe to nosuchhost.invalid: ssh: Could not resolve hostname nosuchhost"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("stderr, why", [
+    ("ssh: connect to host host2 port 22: Connection refused\n---\nORTE was unable to reliably start\n---\n",
+     "ssh: connect to host host2 port 22: Connection refused"),
+    ("Traceback (most recent call last):\n  ...\nSystemExit: error: no checkout\n-----\nPrimary job terminated\n",
+     "SystemExit: error: no checkout"),
+    ("-----\nmpirun was unable to launch the specified application\n-----\n",
+     "mpirun was unable to launch the specified application"),
+    ("", "no output"),
+])
+def test_the_reason_a_job_failed_is_what_came_before_open_mpis_banner(stderr, why):
+    assert why_failed(stderr) == why
 
 
 @pytest.mark.parametrize("args, message", [
