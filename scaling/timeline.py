@@ -9,6 +9,7 @@ gradient's k-th collective belongs to the k-th step that ran it.
 import json
 
 COLLECTIVES = ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER")
+KINDS = ("negotiate", "collective", "transfer")
 
 
 def spans(path):
@@ -67,9 +68,27 @@ def per_step(path, prefixes=("allreduce_gradient_", "allgather_gradient_")):
     for name, tensor in sorted(spans(path).items()):
         if not name.startswith(prefixes):
             continue
-        for kind in ("negotiate", "collective", "transfer"):
+        for kind in KINDS:
             for step, (_, begin, end) in enumerate(s for s in tensor if s[0] == kind):
                 while len(steps) <= step:
                     steps.append({})
                 steps[step].setdefault(name, {})[kind] = (end - begin) / 1e3
     return steps
+
+
+def compact(steps):
+    """per_step's steps as a JSON keeps them: {tensor: [negotiate, collective, transfer ms]}."""
+    return [{name: [round(times[kind], 3) for kind in KINDS] for name, times in step.items()} for step in steps]
+
+
+def step_table(title, steps_ms, steps):
+    """Markdown lines: per step its time and, per gradient, the ms it waited in negotiation and
+    then took in its transfer; `steps` as compact() gives them."""
+    names = sorted({name for step in steps for name in step}, key=lambda n: (len(n), n))
+    lines = [f"{title}: per step, each gradient's negotiation / transfer ms",
+             "| step | step ms | " + " | ".join(n.replace("_gradient_", " ") for n in names) + " |",
+             "|---" * (len(names) + 2) + "|"]
+    for number, (step_ms, step) in enumerate(zip(steps_ms, steps), 1):
+        cells = [f"{step[n][0]:.1f} / {step[n][2]:.1f}" if n in step else "-" for n in names]
+        lines.append(f"| {number} | {step_ms:.1f} | " + " | ".join(cells) + " |")
+    return lines

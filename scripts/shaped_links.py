@@ -209,25 +209,9 @@ def run_case(hosts, config, link, ranks, mode, corpus, workdir, timeline=None):
                 "ranks_cpu_ms": ours, "other_cores": max(0.0, machine_ms - ours) / step_ms,
                 "load_before": before, "load_after": after, "link_counters": counted}
     if timeline:
-        from scaling.timeline import per_step
-        measured["timeline_steps"] = [{name: [round(times[kind], 3) for kind in ("negotiate", "collective", "transfer")]
-                                       for name, times in step.items()} for step in per_step(timeline)]
+        from scaling.timeline import compact, per_step
+        measured["timeline_steps"] = compact(per_step(timeline))
     return measured
-
-
-def timeline_lines(case):
-    """Markdown lines for a case with a timeline: per step its time and, per gradient, the ms
-    it waited in negotiation and then took in transfer (negotiation/transfer)."""
-    steps = case["timeline_steps"]
-    names = sorted({name for step in steps for name in step}, key=lambda n: (len(n), n))
-    title = f"{case['config']} {case['link']} {case['ranks']} {case['mode']}"
-    lines = [f"{title}: per step, each gradient's negotiation / transfer ms",
-             "| step | step ms | " + " | ".join(n.replace("_gradient_", " ") for n in names) + " |",
-             "|---" * (len(names) + 2) + "|"]
-    for number, (step_ms, step) in enumerate(zip(case["steps_ms"], steps), 1):
-        cells = [f"{step[n][0]:.1f} / {step[n][2]:.1f}" if n in step else "-" for n in names]
-        lines.append(f"| {number} | {step_ms:.1f} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def measure_all(data_path, out, only, queue_ms=200, mca=None, timelines=None):
@@ -325,9 +309,11 @@ def main(argv=None):
                               args.timeline and os.path.abspath(args.timeline))
     from scaling.validation import table
     print("\n".join(table(results)))
+    from scaling.timeline import step_table
     for case in results["cases"]:
         if "timeline_steps" in case:
-            print("\n" + "\n".join(timeline_lines(case)))
+            title = f"{case['config']} {case['link']} {case['ranks']} {case['mode']}"
+            print("\n" + "\n".join(step_table(title, case["steps_ms"], case["timeline_steps"])))
     return 0
 
 

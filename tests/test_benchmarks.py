@@ -45,6 +45,13 @@ def test_a_timeline_read_step_by_step(tmp_path):
     first = {"allreduce_gradient_0": {"negotiate": 0.4, "collective": 1.7, "transfer": 0.7},
              "allgather_gradient_1_values": {"negotiate": 0.8, "collective": 2.4, "transfer": 1.4}}
     assert timeline.per_step(str(path)) == [first, first]
+    # As the shaped-link runs keep and print them: the negotiation and the transfer per gradient.
+    kept = timeline.compact(timeline.per_step(str(path)))
+    assert kept[0] == {"allreduce_gradient_0": [0.4, 1.7, 0.7], "allgather_gradient_1_values": [0.8, 2.4, 1.4]}
+    assert timeline.step_table("case", [30.0, 25.5], kept) == [
+        "case: per step, each gradient's negotiation / transfer ms",
+        "| step | step ms | allreduce 0 | allgather 1_values |", "|---|---|---|---|",
+        "| 1 | 30.0 | 0.4 / 0.7 | 0.8 / 1.4 |", "| 2 | 25.5 | 0.4 / 0.7 | 0.8 / 1.4 |"]
 
 
 def _bench_row(ms, words, ranks=1, cpu=(60,), flops=6.4e9, **extra):
