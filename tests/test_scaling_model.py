@@ -21,7 +21,7 @@ from scaling.model import (Compute, Horovod, Link, Machine, Shape, allgather_s, 
 SHAPED_LINKS = os.path.join(ROOT, "results", "scaling", "shaped_links.json")
 # The 2-rank cases again, with the allreduce set_horovod_tuning sets for one rank on each of two hosts.
 TWO_HOSTS = os.path.join(ROOT, "results", "scaling", "two_hosts_recursive_doubling.json")
-# The 3-rank cases unshaped and at 1 Gbit/s, run again after the model's lock-step term.
+# The 3-rank cases run again after the model's lock-step term.
 THREE_RANKS_CHECK = os.path.join(ROOT, "results", "scaling", "three_ranks_check.json")
 LINK = Link(bandwidth=100e6, latency=50e-6)
 GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
@@ -179,12 +179,12 @@ def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
 def test_the_lock_step_term_on_a_run_it_was_not_drawn_from():
     with open(THREE_RANKS_CHECK) as f:
         check = json.load(f)
-    assert len(check["cases"]) == 8 and {c["ranks"] for c in check["cases"]} == {3}
+    assert len(check["cases"]) == 12 and {c["ranks"] for c in check["cases"]} == {3}
 
     def out_of_step(shape, ranks, compute, link, machine, horovod):
         return predict_step(shape, ranks, dataclasses.replace(compute, cpu=0.0), link, machine, horovod)
     assert all(abs(error) <= validation.BOUND for _, _, error in validation.errors(check))
-    assert sum(abs(error) <= validation.BOUND for _, _, error in validation.errors(check, out_of_step)) <= 5
+    assert sum(abs(error) <= validation.BOUND for _, _, error in validation.errors(check, out_of_step)) <= 9
 
 
 def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_links):
