@@ -744,25 +744,40 @@ void RequireProducts(OpKernelConstruction* ctx, const char* op, bool* amx) {
                                                 "CPU lacks or Linux does not grant: run it with amx=False"));
 }
 
+// The gate math of one row goes into arrays of its own, then out to the
+// row's place. Eigen runs a row from its first vector-aligned element and
+// the elements before that one at a time, where the compiler fuses a*b + c
+// into one rounding that the vector code does in two; a row written where it
+// lies would then round by its address, which moves with the batch and the step.
+struct Gates {
+  explicit Gates(int64_t n) : i(n), j(n), f(n), o(n), c(n), tanh_c(n) {}
+  Eigen::ArrayXf i, j, f, o, c, tanh_c;
+};
+
 // One step forward: acts = the gates of gx + h_prev W_h, then c, tanh_c and h.
 template <typename P>
 void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, const float* c_prev, P& products,
-                 int64_t batch, int64_t n, float* acts, float* c_out, float* tanh_c_out, float* h_out) {
+                 int64_t batch, int64_t n, float* acts, float* c_out, float* tanh_c_out, float* h_out, Gates& g) {
   // h_prev W_h goes into the activations buffer, which the gates then overwrite.
   products.Forward(ctx, h_prev, batch, acts);
   for (int64_t b = 0; b < batch; ++b) {
     const float* x = gx + b * 4 * n;
     float* a = acts + b * 4 * n;
-    Row i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
     // As in the TF ops: the sum is rounded first, then the function applied.
-    i = (ConstRow(x, n) + i).logistic();
-    j = (ConstRow(x + n, n) + j).tanh();
-    f = (ConstRow(x + 2 * n, n) + f).logistic();
-    o = (ConstRow(x + 3 * n, n) + o).logistic();
-    Row c(c_out + b * n, n), tanh_c(tanh_c_out + b * n, n);
-    c = f * ConstRow(c_prev + b * n, n) + i * j;
-    tanh_c = c.tanh();
-    Row(h_out + b * n, n) = o * tanh_c;
+    g.i = (ConstRow(x, n) + ConstRow(a, n)).logistic();
+    g.j = (ConstRow(x + n, n) + ConstRow(a + n, n)).tanh();
+    g.f = (ConstRow(x + 2 * n, n) + ConstRow(a + 2 * n, n)).logistic();
+    g.o = (ConstRow(x + 3 * n, n) + ConstRow(a + 3 * n, n)).logistic();
+    g.c = g.f * ConstRow(c_prev + b * n, n) + g.i * g.j;
+    g.tanh_c = g.c.tanh();
+    Row(a, n) = g.i;
+    Row(a + n, n) = g.j;
+    Row(a + 2 * n, n) = g.f;
+    Row(a + 3 * n, n) = g.o;
+    Row(c_out + b * n, n) = g.c;
+    Row(tanh_c_out + b * n, n) = g.tanh_c;
+    g.c = g.o * g.tanh_c;
+    Row(h_out + b * n, n) = g.c;
   }
 }
 
@@ -772,8 +787,9 @@ void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, con
 template <typename P>
 void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts, const float* tanh_c_in,
                   const float* c_prev, P& products, int64_t batch, int64_t n, float* d_gates, float* d_h,
-                  float* d_c) {
-  Eigen::ArrayXf dh(n), dc(n);
+                  float* d_c, Gates& g) {
+  Eigen::ArrayXf& dh = g.c;
+  Eigen::ArrayXf& dc = g.tanh_c;
   for (int64_t b = 0; b < batch; ++b) {
     const float* a = acts + b * 4 * n;
     ConstRow i(a, n), j(a + n, n), f(a + 2 * n, n), o(a + 3 * n, n);
@@ -782,12 +798,17 @@ void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts
     // From the saved values: tanh' = 1 - tanh^2 and sigmoid' = s (1 - s),
     // grouped as TF's TanhGrad and SigmoidGrad group them (same rounding).
     dc = ConstRow(d_c + b * n, n) + dh * o * (1.0f - tanh_c * tanh_c);
-    float* g = d_gates + b * 4 * n;
-    Row(g, n) = (dc * j) * (i * (1.0f - i));
-    Row(g + n, n) = dc * i * (1.0f - j * j);
-    Row(g + 2 * n, n) = (dc * c) * (f * (1.0f - f));
-    Row(g + 3 * n, n) = (dh * tanh_c) * (o * (1.0f - o));
-    Row(d_c + b * n, n) = dc * f;
+    g.i = (dc * j) * (i * (1.0f - i));
+    g.j = dc * i * (1.0f - j * j);
+    g.f = (dc * c) * (f * (1.0f - f));
+    g.o = (dh * tanh_c) * (o * (1.0f - o));
+    float* gates = d_gates + b * 4 * n;
+    Row(gates, n) = g.i;
+    Row(gates + n, n) = g.j;
+    Row(gates + 2 * n, n) = g.f;
+    Row(gates + 3 * n, n) = g.o;
+    g.i = dc * f;
+    Row(d_c + b * n, n) = g.i;
   }
   // Every row of d_h has been read above; the product overwrites it.
   products.Backward(ctx, d_gates, batch, d_h);
@@ -814,11 +835,12 @@ class LstmSequenceForwardOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({steps, batch, n}), &tanh_c));
     Products<T> products(ctx, ctx->input(3), batch, n, false, amx_);
     const int64_t state = batch * n;
+    Gates gates(n);
     for (int64_t t = 0; t < steps; ++t) {
       const float* h_prev = t ? Out(outputs) + (t - 1) * state : In(ctx, 1);
       const float* c_prev = t ? Out(cells) + (t - 1) * state : In(ctx, 2);
       ForwardStep(ctx, In(ctx, 0) + t * 4 * state, h_prev, c_prev, products, batch, n, Out(acts) + t * 4 * state,
-                  Out(cells) + t * state, Out(tanh_c) + t * state, Out(outputs) + t * state);
+                  Out(cells) + t * state, Out(tanh_c) + t * state, Out(outputs) + t * state, gates);
     }
   }
 
@@ -849,10 +871,11 @@ class LstmSequenceBackwardOp : public OpKernel {
     const int64_t state = batch * n;
     std::memcpy(Out(d_h), In(ctx, 1), state * sizeof(float));
     std::memcpy(Out(d_c), In(ctx, 2), state * sizeof(float));
+    Gates gates(n);
     for (int64_t t = steps - 1; t >= 0; --t) {
       const float* c_prev = t ? In(ctx, 5) + (t - 1) * state : In(ctx, 6);
       BackwardStep(ctx, In(ctx, 0) + t * state, In(ctx, 3) + t * 4 * state, In(ctx, 4) + t * state, c_prev,
-                   products, batch, n, Out(d_projected) + t * 4 * state, Out(d_h), Out(d_c));
+                   products, batch, n, Out(d_projected) + t * 4 * state, Out(d_h), Out(d_c), gates);
     }
   }
 
