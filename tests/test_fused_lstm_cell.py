@@ -71,13 +71,15 @@ def test_the_time_loop_in_the_op_equals_one_step_at_a_time():
     np.testing.assert_array_equal(d_h.numpy(), d_h0.numpy())
 
 
-@pytest.mark.parametrize("batch", [1, 3, 4, 6, 9])
+@pytest.mark.parametrize("batch", [1, 3, 4, 6, 9, 13, 23])
 @pytest.mark.parametrize("units", [1, 5, 8, 9, 17, 50])
 def test_fused_cell_product_covers_every_row_and_column(batch, units):
-    # The recurrent products run in tiles of 4 rows by 3 vector registers (or 3
-    # rows of W_h backward), split over threads by whole registers: these
-    # batches and widths leave every kind of short tile and a column tail
-    # past the last register. The gates are zero, so h = o * tanh(c) with
+    # The recurrent products run in tiles of rows by vector registers: with
+    # AVX-512 10 rows by 2 registers forward, over panels of 2 registers' columns
+    # split over threads by whole panels, and 5 rows by 4 rows of W_h backward;
+    # with AVX2 4 by 3 both ways. These batches and widths leave every kind of
+    # short tile, a last panel of fewer registers and a column tail past the
+    # last register. The gates are zero, so h = o * tanh(c) with
     # c = f * c_prev + i * j depends on every column of h_prev W_h.
     run = list(random_run(np.random.default_rng(4), steps=2, batch=batch, units=units, kernel_scale=1.0))
     run[0] = tf.zeros_like(run[0])

@@ -33,6 +33,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -161,8 +162,17 @@ const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat
 // the batch, so a rank's rows come out exactly as in a one-process run.
 using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int64_t kPacket = Eigen::internal::packet_traits<float>::size;
-constexpr int kTileRows = 4;
-constexpr int kTileColumns = 3;  // packets forward, rows of W_h backward
+// A tile's output block stays in vector registers: its R x C sums, C vectors
+// of the kernel and one of the left operand must fit. AVX-512 has 32 of
+// them: the forward's 10 x 2 reads W_h once per 10 rows, the backward's 5 x 4
+// keeps its 5 rows of d_gates in the first-level cache. AVX2 has 16.
+#if defined(__AVX512F__)
+constexpr int kProductRows = 10, kProductColumns = 2;  // columns: packets of W_h
+constexpr int kDotRows = 5, kDotColumns = 4;           // columns: rows of W_h
+#else
+constexpr int kProductRows = 4, kProductColumns = 3;
+constexpr int kDotRows = 4, kDotColumns = 3;
+#endif
 
 // out[r, p packets] = sum over k of a[r, k] w[k, p packets], for r < R.
 template <int R, int P>
@@ -217,46 +227,77 @@ struct DotTile {
 
 // Runs Tile<R, C> over column groups of C (packets or w rows) up to `groups`,
 // then the remainder as Tile<R, 1>; w_step and out_step are how far one group moves in w and out.
-template <int R, template <int, int> class Tile>
-struct Columns {
-  static void Run(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step, int64_t depth,
-                  float* out, int64_t ldo, int64_t out_step, int64_t groups) {
-    int64_t g = 0;
-    for (; g + kTileColumns <= groups; g += kTileColumns) {
-      Tile<R, kTileColumns>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
+template <int R, int C, template <int, int> class Tile>
+void Columns(const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step, int64_t depth, float* out,
+             int64_t ldo, int64_t out_step, int64_t groups) {
+  int64_t g = 0;
+  for (; g + C <= groups; g += C) Tile<R, C>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
+  for (; g < groups; ++g) Tile<R, 1>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
+}
+
+// The rows after the last whole block of R: `rest` of them, fewer than R.
+template <int R, int C, template <int, int> class Tile>
+struct LastRows {
+  static void Run(int64_t rest, const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step,
+                  int64_t depth, float* out, int64_t ldo, int64_t out_step, int64_t groups) {
+    if (rest == R - 1) {
+      Columns<R - 1, C, Tile>(a, lda, w, ldw, w_step, depth, out, ldo, out_step, groups);
+    } else {
+      LastRows<R - 1, C, Tile>::Run(rest, a, lda, w, ldw, w_step, depth, out, ldo, out_step, groups);
     }
-    for (; g < groups; ++g) Tile<R, 1>::Run(a, lda, w + g * w_step, ldw, depth, out + g * out_step, ldo);
   }
 };
+template <int C, template <int, int> class Tile>
+struct LastRows<1, C, Tile> {
+  static void Run(int64_t, const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t,
+                  int64_t) {}
+};
 
-// Rows in blocks of kTileRows, the last block shorter.
-template <template <int, int> class Tile>
+// Rows in blocks of R, the last block shorter.
+template <int R, int C, template <int, int> class Tile>
 void OverRows(int64_t rows, const float* a, int64_t lda, const float* w, int64_t ldw, int64_t w_step,
               int64_t depth, float* out, int64_t ldo, int64_t out_step, int64_t groups) {
   int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows) {
-    Columns<kTileRows, Tile>::Run(a + r * lda, lda, w, ldw, w_step, depth, out + r * ldo, ldo, out_step, groups);
+  for (; r + R <= rows; r += R) {
+    Columns<R, C, Tile>(a + r * lda, lda, w, ldw, w_step, depth, out + r * ldo, ldo, out_step, groups);
   }
-  const float* a_rest = a + r * lda;
-  float* out_rest = out + r * ldo;
-  switch (rows - r) {
-    case 3: Columns<3, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
-    case 2: Columns<2, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
-    case 1: Columns<1, Tile>::Run(a_rest, lda, w, ldw, w_step, depth, out_rest, ldo, out_step, groups); break;
-    default: break;
+  LastRows<R, C, Tile>::Run(rows - r, a + r * lda, lda, w, ldw, w_step, depth, out + r * ldo, ldo, out_step, groups);
+}
+
+// The forward's product reads W_h in panels of kPanel columns, each [H, kPanel]
+// in one piece: down a panel a tile then reads W_h in order, as the hardware
+// prefetches it, rather than a row of W_h (4H columns) apart at every step
+// of its sum, a new page each time at the larger configs' sizes.
+constexpr int64_t kPanel = kProductColumns * kPacket;
+
+// panels[p] = W_h[:, p kPanel : (p + 1) kPanel], zeros past W_h's `width` columns, for p in [first, first + count).
+void PackPanels(const float* w, int64_t depth, int64_t width, int64_t first, int64_t count, float* panels) {
+  for (int64_t p = first; p < first + count; ++p) {
+    const int64_t column = p * kPanel, valid = std::min(kPanel, width - column);
+    float* panel = panels + p * depth * kPanel;
+    for (int64_t k = 0; k < depth; ++k) {
+      std::memcpy(panel + k * kPanel, w + k * width + column, valid * sizeof(float));
+      std::fill(panel + k * kPanel + valid, panel + (k + 1) * kPanel, 0.0f);
+    }
   }
 }
 
-// out[:, first : first + count] = a [rows, depth] x w[:, first : first + count] (w [depth, ldw]).
-void MultiplyColumns(const float* a, int64_t rows, int64_t depth, const float* w, int64_t ldw, float* out,
-                     int64_t ldo, int64_t first, int64_t count) {
-  const int64_t packets = count / kPacket;
-  OverRows<ProductTile>(rows, a, depth, w + first, ldw, kPacket, depth, out + first, ldo, kPacket, packets);
-  for (int64_t c = first + packets * kPacket; c < first + count; ++c) {  // columns past the last packet
+// out[:, p kPanel : (p + 1) kPanel] = a [rows, depth] x panels[p] for p in [first, first + count), out [rows, width].
+// A last packet that crosses `width` is summed as every other (its zero columns
+// add nothing) into `spill` ([rows, kPacket]), and its columns within `width` copied out.
+void MultiplyPanels(const float* a, int64_t rows, int64_t depth, const float* panels, float* out, int64_t width,
+                    int64_t first, int64_t count, float* spill) {
+  for (int64_t p = first; p < first + count; ++p) {
+    const float* panel = panels + p * depth * kPanel;
+    const int64_t column = p * kPanel, valid = std::min(kPanel, width - column), whole = valid / kPacket;
+    OverRows<kProductRows, kProductColumns, ProductTile>(rows, a, depth, panel, kPanel, kPacket, depth,
+                                                         out + column, width, kPacket, whole);
+    const int64_t left = valid - whole * kPacket;
+    if (left == 0) continue;
+    OverRows<kProductRows, kProductColumns, ProductTile>(rows, a, depth, panel + whole * kPacket, kPanel, kPacket,
+                                                         depth, spill, kPacket, kPacket, 1);
     for (int64_t r = 0; r < rows; ++r) {
-      float sum = 0.0f;
-      for (int64_t k = 0; k < depth; ++k) sum += a[r * depth + k] * w[k * ldw + c];
-      out[r * ldo + c] = sum;
+      std::memcpy(out + r * width + column + whole * kPacket, spill + r * kPacket, left * sizeof(float));
     }
   }
 }
@@ -264,7 +305,8 @@ void MultiplyColumns(const float* a, int64_t rows, int64_t depth, const float* w
 // out[:, first : first + count] = a [rows, depth] x w[first : first + count, :]^T (w [*, depth]).
 void MultiplyTransposedRows(const float* a, int64_t rows, int64_t depth, const float* w, float* out, int64_t ldo,
                             int64_t first, int64_t count) {
-  OverRows<DotTile>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo, 1, count);
+  OverRows<kDotRows, kDotColumns, DotTile>(rows, a, depth, w + first * depth, depth, depth, depth, out + first, ldo,
+                                           1, count);
 }
 
 // Calls fn(first, count) over [0, size) in blocks of `block` columns, the
@@ -278,16 +320,25 @@ void ForBlocks(OpKernelContext* ctx, int64_t size, int64_t block, int64_t cost_p
                     });
 }
 
-// The float32 recurrent products: the tiles above, on the float32 kernel.
+// The float32 recurrent products: the tiles above, on the float32 kernel,
+// the forward's laid out in panels once per op call (every step reuses them).
 class Fp32Products {
  public:
-  Fp32Products(OpKernelContext*, const Tensor& kernel, int64_t, int64_t units, bool, bool)
-      : kernel_(kernel.flat<float>().data()), n_(units) {}
+  Fp32Products(OpKernelContext* ctx, const Tensor& kernel, int64_t, int64_t units, bool transposed, bool)
+      : kernel_(kernel.flat<float>().data()),
+        n_(units),
+        panels_count_(transposed ? 0 : (4 * units + kPanel - 1) / kPanel),
+        panels_(panels_count_ * units * kPanel) {
+    ForBlocks(ctx, panels_count_, 1, units * kPanel, [&](int64_t first, int64_t count) {
+      PackPanels(kernel_, n_, 4 * n_, first, count, panels_.data());
+    });
+  }
 
   // acts = h_prev W_h, [batch, 4H].
   void Forward(OpKernelContext* ctx, const float* h_prev, int64_t batch, float* acts) const {
-    ForBlocks(ctx, 4 * n_, kPacket, 2 * batch * n_, [&](int64_t first, int64_t count) {
-      MultiplyColumns(h_prev, batch, n_, kernel_, 4 * n_, acts, 4 * n_, first, count);
+    ForBlocks(ctx, panels_count_, 1, 2 * batch * n_ * kPanel, [&](int64_t first, int64_t count) {
+      std::vector<float> spill(batch * kPacket);
+      MultiplyPanels(h_prev, batch, n_, panels_.data(), acts, 4 * n_, first, count, spill.data());
     });
   }
 
@@ -300,7 +351,8 @@ class Fp32Products {
 
  private:
   const float* kernel_;
-  int64_t n_;
+  const int64_t n_, panels_count_;
+  std::vector<float> panels_;  // [panels_count_, H, kPanel]: W_h for the forward
 };
 
 // ---------------------------------------------------------------------------
