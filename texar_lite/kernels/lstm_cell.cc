@@ -156,9 +156,10 @@ const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat
 // They are small ([B, H] x [H, 4H] with B the rows of one rank), and a GEMM
 // library copies ("packs") both operands into its own layout on every call,
 // which at this size costs about as much memory traffic as the product
-// itself. The tiles below read the row-major operands where they lie: each
-// keeps a block of the output in registers and walks the shared dimension
-// once. Every output element is summed over k in one fixed order whatever
+// itself. The tiles below read h_prev, d_gates and, backward, W_h where they
+// lie, and forward W_h from panels copied once per op call, which every
+// step reuses: each tile keeps a block of the output in registers and walks
+// the shared dimension once. Every output element is summed over k in one fixed order whatever
 // the batch, so a rank's rows come out exactly as in a one-process run.
 using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int64_t kPacket = Eigen::internal::packet_traits<float>::size;
