@@ -159,8 +159,9 @@ const float* In(OpKernelContext* ctx, int index) { return ctx->input(index).flat
 // itself. The tiles below read h_prev, d_gates and, backward, W_h where they
 // lie, and forward W_h from panels copied once per op call, which every
 // step reuses: each tile keeps a block of the output in registers and walks
-// the shared dimension once. Every output element is summed over k in one fixed order whatever
-// the batch, so a rank's rows come out exactly as in a one-process run.
+// the shared dimension once. Every output element is summed over k in one
+// fixed order whatever the batch, so a rank's rows come out exactly as in a
+// one-process run.
 using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int64_t kPacket = Eigen::internal::packet_traits<float>::size;
 // A tile's output block stays in vector registers: its R x C sums, C vectors
@@ -285,9 +286,9 @@ void PackPanels(const float* w, int64_t depth, int64_t width, int64_t first, int
 
 // out[:, p kPanel : (p + 1) kPanel] = a [rows, depth] x panels[p] for p in [first, first + count), out [rows, width].
 // A last packet that crosses `width` is summed as every other (its zero columns
-// add nothing) into `spill` ([rows, kPacket]), and its columns within `width` copied out.
+// add nothing) into a spill buffer, and its columns within `width` copied out.
 void MultiplyPanels(const float* a, int64_t rows, int64_t depth, const float* panels, float* out, int64_t width,
-                    int64_t first, int64_t count, float* spill) {
+                    int64_t first, int64_t count) {
   for (int64_t p = first; p < first + count; ++p) {
     const float* panel = panels + p * depth * kPanel;
     const int64_t column = p * kPanel, valid = std::min(kPanel, width - column), whole = valid / kPacket;
@@ -295,10 +296,11 @@ void MultiplyPanels(const float* a, int64_t rows, int64_t depth, const float* pa
                                                          out + column, width, kPacket, whole);
     const int64_t left = valid - whole * kPacket;
     if (left == 0) continue;
+    std::vector<float> spill(rows * kPacket);
     OverRows<kProductRows, kProductColumns, ProductTile>(rows, a, depth, panel + whole * kPacket, kPanel, kPacket,
-                                                         depth, spill, kPacket, kPacket, 1);
+                                                         depth, spill.data(), kPacket, kPacket, 1);
     for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(out + r * width + column + whole * kPacket, spill + r * kPacket, left * sizeof(float));
+      std::memcpy(out + r * width + column + whole * kPacket, spill.data() + r * kPacket, left * sizeof(float));
     }
   }
 }
@@ -338,8 +340,7 @@ class Fp32Products {
   // acts = h_prev W_h, [batch, 4H].
   void Forward(OpKernelContext* ctx, const float* h_prev, int64_t batch, float* acts) const {
     ForBlocks(ctx, panels_count_, 1, 2 * batch * n_ * kPanel, [&](int64_t first, int64_t count) {
-      std::vector<float> spill(batch * kPacket);
-      MultiplyPanels(h_prev, batch, n_, panels_.data(), acts, 4 * n_, first, count, spill.data());
+      MultiplyPanels(h_prev, batch, n_, panels_.data(), acts, 4 * n_, first, count);
     });
   }
 
@@ -829,8 +830,7 @@ void ForwardStep(OpKernelContext* ctx, const float* gx, const float* h_prev, con
     Row(a + 3 * n, n) = g.o;
     Row(c_out + b * n, n) = g.c;
     Row(tanh_c_out + b * n, n) = g.tanh_c;
-    g.c = g.o * g.tanh_c;
-    Row(h_out + b * n, n) = g.c;
+    Row(h_out + b * n, n) = g.o * g.tanh_c;  // one product: one rounding at any address
   }
 }
 
@@ -860,8 +860,7 @@ void BackwardStep(OpKernelContext* ctx, const float* d_output, const float* acts
     Row(gates + n, n) = g.j;
     Row(gates + 2 * n, n) = g.f;
     Row(gates + 3 * n, n) = g.o;
-    g.i = dc * f;
-    Row(d_c + b * n, n) = g.i;
+    Row(d_c + b * n, n) = dc * f;
   }
   // Every row of d_h has been read above; the product overwrites it.
   products.Backward(ctx, d_gates, batch, d_h);
