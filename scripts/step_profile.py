@@ -1,6 +1,7 @@
-"""Where the small training step's time goes, from a TensorFlow profiler trace.
+"""Where a training step's time goes, from a TensorFlow profiler trace.
 
-    .venv/bin/python scripts/step_profile.py [--data_path DIR] [--steps N] [--tf_ops cell]
+    .venv/bin/python scripts/step_profile.py [--config NAME] [--set KEY=VALUE] [--data_path DIR] [--steps N]
+                                             [--tf_ops cell]
 
 Runs the trainer's own train step (as `make bench` times it) for warm-up
 steps, then STEPS steps under the profiler, and prints per step: the wall
@@ -30,6 +31,9 @@ WRAPPERS = ("Process", "Run")
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="config_small", help="the config whose step runs (default: config_small)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value as lm_ptb.py's --set does, e.g. precision=mixed_bfloat16")
     parser.add_argument("--data_path", default=os.path.join(ROOT, "..", "shared", "data", "ptb"),
                         help="PTB folder; without ptb.train.txt the steps run on random ids")
     parser.add_argument("--steps", type=int, default=20, help="profiled steps (default: 20)")
@@ -82,7 +86,7 @@ def main(argv=None):
     from benchmarks.workers import TrainSteps
     from runtime import config as config_lib
 
-    steps_run = TrainSteps(config_lib.load_config("config_small", []), context.LocalContext(), args.data_path,
+    steps_run = TrainSteps(config_lib.load_config(args.config, args.set), context.LocalContext(), args.data_path,
                            args.tf_ops)
     run = steps_run.run
 
