@@ -182,6 +182,27 @@ def test_bench_bf16_and_medium_goals_follow_the_cpu_class():
                "is slower)"] == ("1.50x", True)
 
 
+def test_bench_medium_goals_take_the_median_of_the_rounds():
+    row = _bench_row
+    # Round 2 slowed the float32 step alone: pooled medians would give 200 / 90 = 0.45x, the
+    # per-round ratios are 0.45, 0.38 and 0.40.
+    rounds = [{"small": row(32.0, 12500), "medium": row(200.0, 3500, flops=55.7e9),
+               "medium_bf16": row(90.0, 7778, flops=55.7e9)},
+              {"small": row(32.0, 12500), "medium": row(240.0, 2917, flops=55.7e9),
+               "medium_bf16": row(91.2, 7675, flops=55.7e9)},
+              {"small": row(32.0, 12500), "medium": row(180.0, 3889, flops=55.7e9),
+               "medium_bf16": row(72.0, 9722, flops=55.7e9)}]
+    results = {"matmul": {"float32": (320.0, 310.0, 330.0), "float32_per_cpu_s": 160.0}, "rounds": rounds,
+               "cpu": "Intel(R) Xeon(R) (family 6, model 207, avx2, fma, avx512f, avx512_bf16, amx_tile, amx_bf16)"}
+    for name in ("small", "medium", "medium_bf16"):
+        results[name] = orchestration.merge_rounds([r[name] for r in rounds])
+    got = {text: (value, met) for text, value, met in report.goals(results)}
+    assert got["medium mixed_bfloat16 step <= 0.4x the float32 step (CPUs with AMX)"] == (
+        "0.40x (0.38x to 0.45x over 3 rounds)", True)
+    # 55.7 GFLOP a step of 320 GFLOP/s: 87.0%, 72.5% and 96.7% by round.
+    assert got["medium step >= 80% of fp32 ceiling (2048^3)"] == ("87.0% (72.5% to 96.7% over 3 rounds)", True)
+
+
 def test_bench_writes_the_block_of_its_cpu_class(tmp_path, monkeypatch):
     path = tmp_path / "BENCHMARKS.md"
     path.write_text("# Benchmarks\n\n<!-- bench:begin avx2 -->\nold avx2\n<!-- bench:end avx2 -->\n## Reading\n")
