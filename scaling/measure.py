@@ -87,7 +87,10 @@ def link_of(result, loaded=None, algorithm="ompi"):
     """The model's Link from a probe of two hosts' result. With `loaded`, a probe's result over
     all the ranks of a run, the link as that many ranks see it: the latency from their chain
     of small allreduces, and both rates scaled alike until the model's 8 MiB allreduce over
-    them takes the time it measured."""
+    them takes the time it measured, never above the two hosts' rates: more ranks only add
+    to what each host's link and cores carry, so an allreduce faster than those rates allow
+    means the two hosts' probe ran while the machine was busier, and scaling it up would
+    put the link above what its wire carries."""
     link = Link(bandwidth=result["bandwidth_Bps"], latency=result["latency_s"], exchange=result["exchange_Bps"])
     if loaded is None:
         return link
@@ -99,5 +102,5 @@ def link_of(result, loaded=None, algorithm="ompi"):
     bytes_s = allreduce_s(nbytes, ranks, Link(link.bandwidth, 0.0, link.exchange), algorithm)
     latency_s = allreduce_s(nbytes, ranks, link, algorithm) - bytes_s
     measured_bytes_s = loaded["allreduce_s"] - cycle_s / 2 - small_allreduce_s(ranks, link) - latency_s
-    scale = bytes_s / max(measured_bytes_s, 1e-9)
+    scale = min(1.0, bytes_s / max(measured_bytes_s, 1e-9))
     return Link(bandwidth=link.bandwidth * scale, latency=latency, exchange=link.duplex * scale)
