@@ -211,11 +211,13 @@ def goals(results):
     ratio, percent = "{:.2f}x".format, "{:.1%}".format  # one decimal: 74.9% must not read as 75%
     for ours, theirs, goal, what in (("small", "torch", GOAL_TORCH_RATIO, "PyTorch"),
                                      ("small_bf16", "torch_bf16", GOAL_TORCH_BF16_RATIO, "PyTorch's, both bf16")):
-        if results.get(theirs) and results.get(ours):
+        text = f"{'' if ours == 'small' else 'mixed_bfloat16 '}words/s >= {goal}x {what}"
+        if results.get(theirs) and results.get(ours) and "failed" in results[theirs]:
+            out.append((text, f"not measured: the reference failed here ({results[theirs]['failed']})", False))
+        elif results.get(theirs) and results.get(ours):
             out.append(_per_round(
                 results, lambda r, ours=ours, theirs=theirs: r[ours]["words_per_s"][0] / r[theirs]["words_per_s"],
-                f"{'' if ours == 'small' else 'mixed_bfloat16 '}words/s >= {goal}x {what}", ratio,
-                lambda v, goal=goal: v >= goal))
+                text, ratio, lambda v, goal=goal: v >= goal))
     out.append(_per_round(
         results, lambda r: r["small"]["flops_per_step"] / r["small"]["ms_per_step"][0] / 1e6 / ceiling(r)[0],
         f"small step >= {GOAL_CEILING_SHARE:.0%} of fp32 ceiling ({source})", percent,
@@ -297,6 +299,8 @@ def torch_line(results):
         return "PyTorch reference: not run (no venv at TORCH_PYTHON or no PTB data)."
 
     def words(reference):
+        if "failed" in reference:
+            return f"failed on this machine ({reference['failed']})"
         rounds = reference.get("rounds_words_per_s", [reference["words_per_s"]])
         spread_text = f" ({min(rounds):.0f}-{max(rounds):.0f} over {len(rounds)} rounds)" if len(rounds) > 1 else ""
         return f"**{reference['words_per_s']:.0f} words/s**{spread_text}"
@@ -429,7 +433,9 @@ def print_table(results):
         print(bf16_line(results))
     for key, name in (("torch", "fp32"), ("torch_bf16", "bf16 autocast")):
         if results.get(key):
-            print(f"PyTorch reference, {name}: {results[key]['words_per_s']:.0f} words/s")
+            reference = results[key]
+            print(f"PyTorch reference, {name}: " + (f"failed ({reference['failed']})" if "failed" in reference
+                                                     else f"{reference['words_per_s']:.0f} words/s"))
     for lever, base, wall, cpu in lever_rows(results):
         print(f"lever {lever}: against {base}: ms/step {wall}, CPU ms/step {cpu}")
     for text, value, met in goals(results):

@@ -94,6 +94,39 @@ def test_the_reference_runs_through_the_wrapper_with_bf16_by_a_flag(tmp_path, mo
     assert commands[2] == [str(python), orchestration.TORCH_WRAPPER, str(reference), "/data", "1", "300"]
 
 
+def test_a_reference_that_fails_on_this_cpu_is_reported_and_the_bench_goes_on(tmp_path, monkeypatch):
+    # As PyTorch's bf16 autocast stops on an AVX2 CPU: oneDNN has no bf16 LSTM primitive for it.
+    python, reference = tmp_path / "python", tmp_path / "torch_ref_lm.py"
+    python.write_text("")
+    reference.write_text("")
+    monkeypatch.setattr(orchestration, "TORCH_PYTHON", str(python))
+    monkeypatch.setattr(orchestration, "TORCH_REFERENCE", str(reference))
+    error = ("Traceback (most recent call last):\n  File \"torch_ref_lm.py\", line 70, in run\nRuntimeError: could "
+             "not create a primitive descriptor for the LSTM forward propagation primitive. Run workload with "
+             "environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.\n\n")
+
+    def run(command, **kwargs):
+        if "-c" in command:
+            return subprocess.CompletedProcess(command, 0, "2.x\n", "")
+        return subprocess.CompletedProcess(command, 1, "", error)
+
+    monkeypatch.setattr(orchestration.subprocess, "run", run)
+    failed = orchestration.torch_reference("/data", 300, bf16=True)
+    reason = "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive"
+    assert failed == {"failed": reason, "torch": "2.x", "steps": 300, "precision": "bf16 autocast"}
+    results = _results()
+    for paired in results["rounds"]:
+        paired["torch_bf16"] = failed
+    results["torch_bf16"] = orchestration.merge_torch_rounds([failed, {"words_per_s": 4000.0}])
+    assert results["torch_bf16"] == failed
+    line = report.torch_line(results)
+    assert f"around the forward pass and loss): failed on this machine ({reason}); ours (small" in line
+    goals = {text: (value, met) for text, value, met in report.goals(results)}
+    assert goals["mixed_bfloat16 words/s >= 1.3x PyTorch's, both bf16"] == (
+        f"not measured: the reference failed here ({reason})", False)
+    assert goals["words/s >= 1.5x PyTorch"] == ("1.33x", False)
+
+
 def test_the_wrapper_opens_autocast_exactly_where_the_reference_computes_forward_and_loss(tmp_path):
     # A stand-in torch module records what the reference sees: autocast is on inside its
     # set_grad_enabled block only, and only with --bf16; the reference gets its own arguments.
