@@ -60,9 +60,13 @@ def cache_dir():
 
 
 def candidates(core_count, rows):
-    """1, 2, 4, ... groups, while each group keeps at least one core and one row."""
+    """1, 2, 4, ... groups while each keeps a row: up to the cores, and on two or more cores up to
+    twice them. Groups beyond the cores are smaller chains of ops that the threads share out more
+    evenly, a core that one group leaves idle taken by another's op, against more ops per step;
+    only the measurement says which wins. On one core nothing waits, so one group is all."""
+    most = min(rows, core_count if core_count < 2 else 2 * core_count)
     groups, found = 1, []
-    while groups <= min(core_count, rows):
+    while groups <= most:
         found.append(groups)
         groups *= 2
     return found

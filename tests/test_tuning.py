@@ -9,10 +9,11 @@ from runtime import cli, context, tuning
 from runtime.options import RunOptions
 
 
-def test_candidates_keep_a_core_and_a_row_per_group():
-    assert tuning.candidates(2, 20) == [1, 2]
-    assert tuning.candidates(8, 20) == [1, 2, 4, 8]
+def test_candidates_go_up_to_twice_the_cores_and_keep_a_row_per_group():
+    assert tuning.candidates(2, 20) == [1, 2, 4]
+    assert tuning.candidates(8, 20) == [1, 2, 4, 8, 16]
     assert tuning.candidates(8, 3) == [1, 2]
+    assert tuning.candidates(3, 5) == [1, 2, 4]
     assert tuning.candidates(1, 20) == [1]
 
 
@@ -35,17 +36,17 @@ def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_pat
     def measure(config, overrides, group_counts, sizes=(1, 1)):
         calls.append((config, list(overrides), group_counts))
         assert sizes == (1, 1)
-        return {1: 30.0, 2: 27.0}
+        return {1: 30.0, 2: 27.0, 4: 28.0}
 
     monkeypatch.setattr(tuning, "measure", measure)
     args = _args()
     assert tuning.resolve(args) == 2 and args.row_groups == 2
     path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
-    assert calls == [(TINY_CONFIG, [], [1, 2])]
-    assert "--row_groups auto: timing 1, 2 row groups on this machine" in capsys.readouterr().err
+    assert calls == [(TINY_CONFIG, [], [1, 2, 4])]
+    assert "--row_groups auto: timing 1, 2, 4 row groups on this machine" in capsys.readouterr().err
+    measured = json.loads(path.read_text()).popitem()[1]["measured"]
     assert args.row_groups_reason == (f"2 (--row_groups auto: a step by row groups on this machine, 1: 30.0 ms, "
-                                      f"2: 27.0 ms; measured {json.loads(path.read_text()).popitem()[1]['measured']}, "
-                                      f"kept in {path})")
+                                      f"2: 27.0 ms, 4: 28.0 ms; measured {measured}, kept in {path})")
     again = _args()
     assert tuning.resolve(again) == 2 and again.row_groups_reason == args.row_groups_reason
     assert len(calls) == 1 and capsys.readouterr().err == ""
@@ -140,7 +141,7 @@ def test_under_a_launcher_auto_times_a_ranks_share_of_the_rows_and_the_cores(mon
     records = json.loads((tmp_path / "lm_ptb" / tuning.RECORD_NAME).read_text())
     assert [(json.loads(key)["cores"], json.loads(key)["rows"]) for key in records] == [(4, 5)]
     # lm_ptb.py under the same variables is one process: all the rows and cores.
-    assert tuning.resolve(_args()) == 8 and calls[-1] == ([1, 2, 4, 8], (1, 1))
+    assert tuning.resolve(_args()) == 16 and calls[-1] == ([1, 2, 4, 8, 16], (1, 1))
     # Every rank on the host has one core: nothing to choose.
     monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "8")
     args = _distributed_args()
@@ -256,7 +257,7 @@ def test_a_failed_measurement_exits_1_with_its_last_line(monkeypatch, tmp_path, 
         tuning.resolve(_args())
     assert exit_.value.code == 1
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("--row_groups auto: timing 1, 2 row groups")
+    assert err[0].startswith("--row_groups auto: timing 1, 2, 4 row groups")
     assert len(err) == 2 and err[1].startswith("error: --row_groups auto: timing 1 row groups failed (")
     assert "no_such_key" in err[1] and err[1].endswith("); give --row_groups a number")
     assert not (tmp_path / "lm_ptb" / tuning.RECORD_NAME).exists()
