@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from benchmarks import orchestration, report
 from conftest import ROOT
 
@@ -73,12 +75,19 @@ def test_the_pytorch_reference_is_reported_in_fp32_and_bf16():
             "mixed_bfloat16 **12500 words/s**.") in line
 
 
-def test_the_reference_runs_through_the_wrapper_with_bf16_by_a_flag(tmp_path, monkeypatch):
+@pytest.fixture
+def reference_venv(tmp_path, monkeypatch):
+    """A stand-in PyTorch venv's python and reference script, where the bench looks for them."""
     python, reference = tmp_path / "python", tmp_path / "torch_ref_lm.py"
     python.write_text("")
     reference.write_text("")
     monkeypatch.setattr(orchestration, "TORCH_PYTHON", str(python))
     monkeypatch.setattr(orchestration, "TORCH_REFERENCE", str(reference))
+    return python, reference
+
+
+def test_the_reference_runs_through_the_wrapper_with_bf16_by_a_flag(reference_venv, monkeypatch):
+    python, reference = reference_venv
     commands = []
 
     def run(command, **kwargs):
@@ -94,13 +103,8 @@ def test_the_reference_runs_through_the_wrapper_with_bf16_by_a_flag(tmp_path, mo
     assert commands[2] == [str(python), orchestration.TORCH_WRAPPER, str(reference), "/data", "1", "300"]
 
 
-def test_a_reference_that_fails_on_this_cpu_is_reported_and_the_bench_goes_on(tmp_path, monkeypatch):
+def test_a_reference_that_fails_on_this_cpu_is_reported_and_the_bench_goes_on(reference_venv, monkeypatch):
     # As PyTorch's bf16 autocast stops on an AVX2 CPU: oneDNN has no bf16 LSTM primitive for it.
-    python, reference = tmp_path / "python", tmp_path / "torch_ref_lm.py"
-    python.write_text("")
-    reference.write_text("")
-    monkeypatch.setattr(orchestration, "TORCH_PYTHON", str(python))
-    monkeypatch.setattr(orchestration, "TORCH_REFERENCE", str(reference))
     error = ("Traceback (most recent call last):\n  File \"torch_ref_lm.py\", line 70, in run\nRuntimeError: could "
              "not create a primitive descriptor for the LSTM forward propagation primitive. Run workload with "
              "environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.\n\n")
