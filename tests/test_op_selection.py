@@ -190,8 +190,11 @@ def test_the_training_summary_names_the_models_ops_and_why():
     bf16 = rows("CPU", "precision=mixed_bfloat16")
     products = kernels.LSTM_BF16_PRODUCTS
     # The fused cell where this CPU has bf16 products (naming which), else the TF ops and why.
-    fused = f"fused kernel ({op_selection.reason_fused_bf16(products)}: texar_lite/kernels/lstm_cell.so for {isa})"
-    assert bf16["LSTM cell"] == (fused if products else f"TF ops ({BF16_REASON})")
+    if products:
+        assert bf16["LSTM cell"] == (f"fused kernel ({op_selection.reason_fused_bf16(products)}: "
+                                     f"texar_lite/kernels/lstm_cell.so for {isa})")
+    else:
+        assert bf16["LSTM cell"] == f"TF ops ({BF16_REASON})"
     assert bf16["precision"].startswith("mixed_bfloat16")
 
 
