@@ -211,10 +211,12 @@ def goals(results):
     ratio, percent = "{:.2f}x".format, "{:.1%}".format  # one decimal: 74.9% must not read as 75%
     for ours, theirs, goal, what in (("small", "torch", GOAL_TORCH_RATIO, "PyTorch"),
                                      ("small_bf16", "torch_bf16", GOAL_TORCH_BF16_RATIO, "PyTorch's, both bf16")):
+        if not (results.get(theirs) and results.get(ours)):
+            continue
         text = f"{'' if ours == 'small' else 'mixed_bfloat16 '}words/s >= {goal}x {what}"
-        if results.get(theirs) and results.get(ours) and "failed" in results[theirs]:
+        if "failed" in results[theirs]:
             out.append((text, f"not measured: the reference failed here ({results[theirs]['failed']})", False))
-        elif results.get(theirs) and results.get(ours):
+        else:
             out.append(_per_round(
                 results, lambda r, ours=ours, theirs=theirs: r[ours]["words_per_s"][0] / r[theirs]["words_per_s"],
                 text, ratio, lambda v, goal=goal: v >= goal))
