@@ -25,8 +25,7 @@ TWO_HOSTS = os.path.join(ROOT, "results", "scaling", "two_hosts_recursive_doubli
 THREE_RANKS_CHECK = os.path.join(ROOT, "results", "scaling", "three_ranks_check.json")
 # The same grid measured on a second CPU, a 2-core AMD EPYC (Zen 4).
 SECOND_MACHINE = os.path.join(ROOT, "results", "scaling", "shaped_links_zen4.json")
-# And on a third, a 2-core AMD EPYC with AVX2 only, whose compute is a third as fast: all but the
-# last three cases of the grid (config_medium at 100 Mbit/s on 3 ranks per_worker and on 4).
+# And on a third, a 2-core AMD EPYC with AVX2 only, whose compute is a third as fast.
 THIRD_MACHINE = os.path.join(ROOT, "results", "scaling", "shaped_links_avx2.json")
 LINK = Link(bandwidth=100e6, latency=50e-6)
 GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
@@ -177,7 +176,7 @@ def third_machine():
         return json.load(f)
 
 
-@pytest.mark.parametrize("runs", ["shaped_links", "second_machine"])
+@pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine"])
 def test_every_setting_of_the_grid_was_measured(runs, request):
     runs = request.getfixturevalue(runs)
     cases = {(c["config"], c["link"], c["ranks"], c["mode"]) for c in runs["cases"]}
@@ -208,17 +207,11 @@ def test_the_model_on_a_second_machine(second_machine):
 
 def test_the_model_on_a_third_machine(third_machine):
     """The grid again on an AMD EPYC with AVX2 only (KVM's generic EPYC model), whose compute
-    takes about three times the Zen 4's: 32 of its 33 cases within validation.BOUND, the
-    other (config_medium at 100 Mbit/s on 2 ranks, per_worker) 24% high, none below -15%."""
+    takes about three times the Zen 4's: 35 of the 36 within validation.BOUND, the other
+    (config_medium at 100 Mbit/s on 2 ranks, per_worker) 24% high, none below -15%."""
     assert third_machine["machine"]["cpu"] == "AMD EPYC" and third_machine["machine"]["cores"] == 2
-    cases = {(c["config"], c["link"], c["ranks"], c["mode"]) for c in third_machine["cases"]}
-    assert cases == {(config, link, ranks, mode) for config in ("config_small", "config_medium")
-                     for link in ("unshaped", "1gbit", "100mbit") for ranks in (2, 3, 4)
-                     for mode in ("global", "per_worker")} - {("config_medium", "100mbit", 3, "per_worker"),
-                                                              ("config_medium", "100mbit", 4, "global"),
-                                                              ("config_medium", "100mbit", 4, "per_worker")}
     errors = [error for _, _, error in validation.errors(third_machine)]
-    assert sum(abs(error) <= validation.BOUND for error in errors) >= 32
+    assert sum(abs(error) <= validation.BOUND for error in errors) >= 35
     assert max(errors) < 0.25 and min(errors) >= -validation.BOUND
 
 
@@ -262,10 +255,9 @@ def test_without_the_bandwidth_term_the_model_misses(runs, request):
     def no_bandwidth(shape, ranks, compute, link, machine, horovod):
         return predict_step(shape, ranks, compute, dataclasses.replace(link, bandwidth=1e15, exchange=1e15),
                             machine, horovod)
-    runs = request.getfixturevalue(runs)
-    errors = validation.errors(runs, no_bandwidth)
+    errors = validation.errors(request.getfixturevalue(runs), no_bandwidth)
     slow = [error for case, _, error in errors if case["link"] == "100mbit"]
-    assert len(slow) == sum(case["link"] == "100mbit" for case in runs["cases"]) >= 9 and max(slow) < -0.5
+    assert len(slow) == 12 and max(slow) < -0.5
     assert sum(abs(error) > validation.BOUND for _, _, error in errors) >= 24
 
 
