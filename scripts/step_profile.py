@@ -1,7 +1,7 @@
 """Where a training step's time goes, from a TensorFlow profiler trace.
 
     .venv/bin/python scripts/step_profile.py [--config NAME] [--set KEY=VALUE] [--data_path DIR] [--steps N]
-                                             [--tf_ops cell]
+                                             [--tf_ops cell] [--perf]
 
 Runs the trainer's own train step (as `make bench` times it) for warm-up
 steps, then STEPS steps under the profiler, and prints per step: the wall
@@ -10,12 +10,24 @@ the Python of the call, its arguments and the loss read, and the executor's
 hand-overs); each TensorFlow thread's busy time; the op types by their
 summed time. It also times a do-nothing function that takes the step's
 arguments: the cost of one call from Python. BENCHMARKS.md quotes its output.
+
+With --perf it then runs STEPS more steps under Linux perf (the `perf` of
+Debian's linux-perf package), sampling this process on every core, and
+prints where its cores' time went, in parts named by the code that ran: the
+matmuls' inner kernels (oneDNN's JIT code, outside every library), Eigen
+packing their operands, the fused LSTM and loss kernels, TensorFlow's
+thread pool looking for work, the Linux kernel, Python, the C library and
+the rest. The TensorFlow profiler times ops; perf also sees what runs
+between and inside them.
 """
 import argparse
 import collections
 import glob
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +52,61 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=15, help="steps before the profile (default: 15)")
     parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss"],
                         help="run this part as TF ops instead of its fused kernel; repeatable")
+    parser.add_argument("--perf", action="store_true",
+                        help="then sample STEPS more steps with Linux perf and print where the cores' time went")
     return parser.parse_args(argv)
+
+
+PERF_HZ = 499
+# lstm_cell.cc's product code: its tiles, their loops over rows and columns, and the panels they read.
+PRODUCTS = ("Tile", "Panel", "Columns", "Rows", "Products")
+
+
+def code_part(symbol, library):
+    """The part of the step a perf sample's code belongs to, from its symbol and library."""
+    if library.startswith("/tmp/perf-") or library in ("[JIT]", "[unknown]", ""):
+        return "the matmuls' inner kernels (JIT code)"
+    if "gemm_pack" in symbol:
+        return "Eigen packing the matmuls' operands"
+    if library.endswith("lstm_cell.so"):
+        return "the LSTM ops' products" if any(name in symbol for name in PRODUCTS) else "the LSTM ops' gate math"
+    if library.endswith("softmax_xent.so"):
+        return "the fused loss"
+    if any(name in symbol for name in ("ThreadPool", "RunQueue", "EigenEnvironment")):
+        return "TensorFlow's thread pool looking for work"
+    if library.startswith("[kernel"):
+        return "the Linux kernel"
+    if "libpython" in library:
+        return "Python"
+    if "/libc.so" in library:
+        return "the C library (copies, allocation)"
+    if "libtensorflow" in library:
+        return "the rest of TensorFlow"
+    return "the rest"
+
+
+def perf_parts(run, steps, first, workdir):
+    """Runs `steps` steps under `perf record` on this process; returns (wall seconds of the
+    steps, Counter of samples by code part)."""
+    perf = shutil.which("perf")
+    data = os.path.join(workdir, "perf.data")
+    record = subprocess.Popen([perf, "record", "-q", "-F", str(PERF_HZ), "-p", str(os.getpid()), "-o", data],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # perf attaches to the running threads
+    if record.poll() is not None:
+        raise SystemExit(f"step_profile.py: perf record failed: {record.stderr.read().strip().splitlines()[-1:]}")
+    marks = run(steps, first)
+    record.send_signal(signal.SIGINT)
+    record.wait()
+    script = subprocess.run([perf, "script", "-i", data, "-F", "ip,sym,dso"], capture_output=True, text=True,
+                            check=True)
+    parts = collections.Counter()
+    for line in script.stdout.splitlines():  # "address symbol (library)"
+        _, _, rest = line.strip().partition(" ")
+        if rest:
+            symbol, _, library = rest.rpartition(" (")
+            parts[code_part(symbol, library.rstrip(")"))] += 1
+    return marks[-1][1] - marks[0][0], parts
 
 
 def op_intervals(space):
@@ -79,6 +145,9 @@ def uncovered(window, intervals):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.perf and shutil.which("perf") is None:
+        raise SystemExit("step_profile.py: --perf needs Linux perf on the PATH: install it (Debian: apt-get install "
+                         "linux-perf)")
     context.configure_cpu_threads(1)
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -136,6 +205,14 @@ def main(argv=None):
     print(f"{'op type':28s} {'time':>10s} {'runs':>6s}  (per step, summed over threads)")
     for op_type, seconds in by_type.most_common(12):
         print(f"{op_type:28s} {ms(seconds):>10s} {count[op_type] / args.steps:6.0f}")
+    if args.perf:
+        wall, parts = perf_parts(run, args.steps, args.warmup + 2 * args.steps, logdir)
+        cores = len(os.sched_getaffinity(0))
+        total = sum(parts.values())
+        print(f"perf: {total} samples at {PERF_HZ} Hz over {args.steps} steps, {wall * per_step:.2f} ms a step: this "
+              f"process ran {total / PERF_HZ / (wall * cores):.1%} of its {cores} cores' time")
+        for part, samples in parts.most_common():
+            print(f"  {part:44s} {samples / PERF_HZ * per_step:8.2f} ms a step {samples / total:7.1%}")
     return 0
 
 
