@@ -94,7 +94,8 @@ def perf_parts(run, steps, first, workdir):
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)  # perf attaches to the running threads
     if record.poll() is not None:
-        raise SystemExit(f"step_profile.py: perf record failed: {record.stderr.read().strip().splitlines()[-1:]}")
+        why = (record.stderr.read().strip().splitlines() or [f"exit status {record.returncode}"])[-1]
+        raise SystemExit(f"step_profile.py: perf record failed: {why}")
     marks = run(steps, first)
     record.send_signal(signal.SIGINT)
     record.wait()
