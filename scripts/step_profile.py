@@ -1,7 +1,7 @@
 """Where a training step's time goes, from a TensorFlow profiler trace.
 
     .venv/bin/python scripts/step_profile.py [--config NAME] [--set KEY=VALUE] [--data_path DIR] [--steps N]
-                                             [--tf_ops cell] [--perf]
+                                             [--tf_ops cell] [--row_groups N] [--perf]
 
 Runs the trainer's own train step (as `make bench` times it) for warm-up
 steps, then STEPS steps under the profiler, and prints per step: the wall
@@ -52,6 +52,8 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=15, help="steps before the profile (default: 15)")
     parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss"],
                         help="run this part as TF ops instead of its fused kernel; repeatable")
+    parser.add_argument("--row_groups", type=int, default=1, metavar="N",
+                        help="run the rows as N groups side by side, as lm_ptb.py --row_groups N does (default: 1)")
     parser.add_argument("--perf", action="store_true",
                         help="then sample STEPS more steps with Linux perf and print where the cores' time went")
     return parser.parse_args(argv)
@@ -149,7 +151,7 @@ def main(argv=None):
     if args.perf and shutil.which("perf") is None:
         raise SystemExit("step_profile.py: --perf needs Linux perf on the PATH: install it (Debian: apt-get install "
                          "linux-perf)")
-    context.configure_cpu_threads(1)
+    context.configure_cpu_threads(1, args.row_groups)
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -157,7 +159,7 @@ def main(argv=None):
     from runtime import config as config_lib
 
     steps_run = TrainSteps(config_lib.load_config(args.config, args.set), context.LocalContext(), args.data_path,
-                           args.tf_ops)
+                           args.tf_ops, args.row_groups)
     run = steps_run.run
 
     @tf.function(autograph=False)
