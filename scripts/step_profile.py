@@ -41,6 +41,12 @@ from runtime import context  # noqa: E402
 WRAPPERS = ("Process", "Run")
 
 
+def positive(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
+    return int(text)
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="config_small", help="the config whose step runs (default: config_small)")
@@ -52,7 +58,7 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=15, help="steps before the profile (default: 15)")
     parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss"],
                         help="run this part as TF ops instead of its fused kernel; repeatable")
-    parser.add_argument("--row_groups", type=int, default=1, metavar="N",
+    parser.add_argument("--row_groups", type=positive, default=1, metavar="N",
                         help="run the rows as N groups side by side, as lm_ptb.py --row_groups N does (default: 1)")
     parser.add_argument("--perf", action="store_true",
                         help="then sample STEPS more steps with Linux perf and print where the cores' time went")
