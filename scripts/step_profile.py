@@ -109,13 +109,19 @@ def perf_parts(run, steps, first, workdir):
     record.wait()
     script = subprocess.run([perf, "script", "-i", data, "-F", "ip,sym,dso"], capture_output=True, text=True,
                             check=True)
+    return marks[-1][1] - marks[0][0], samples_by_part(script.stdout)
+
+
+def samples_by_part(script):
+    """Counter of code part -> samples, from `perf script -F ip,sym,dso` output: one sample a
+    line, "address symbol (library)"."""
     parts = collections.Counter()
-    for line in script.stdout.splitlines():  # "address symbol (library)"
+    for line in script.splitlines():
         _, _, rest = line.strip().partition(" ")
         if rest:
             symbol, _, library = rest.rpartition(" (")
             parts[code_part(symbol, library.rstrip(")"))] += 1
-    return marks[-1][1] - marks[0][0], parts
+    return parts
 
 
 def op_intervals(space):
