@@ -158,22 +158,25 @@ def test_a_global_batch_that_does_not_split_has_no_step():
 
 # --- against the steps measured on namespace hosts -----------------------------------------------
 
+def committed_run(path):
+    """One of results/scaling/'s runs, as scripts/shaped_links.py wrote it."""
+    with open(path) as f:
+        return json.load(f)
+
+
 @pytest.fixture(scope="module")
 def shaped_links():
-    with open(SHAPED_LINKS) as f:
-        return json.load(f)
+    return committed_run(SHAPED_LINKS)
 
 
 @pytest.fixture(scope="module")
 def second_machine():
-    with open(SECOND_MACHINE) as f:
-        return json.load(f)
+    return committed_run(SECOND_MACHINE)
 
 
 @pytest.fixture(scope="module")
 def third_machine():
-    with open(THIRD_MACHINE) as f:
-        return json.load(f)
+    return committed_run(THIRD_MACHINE)
 
 
 @pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine"])
@@ -228,8 +231,7 @@ def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
 
 
 def test_the_lock_step_term_on_a_run_it_was_not_drawn_from():
-    with open(THREE_RANKS_CHECK) as f:
-        check = json.load(f)
+    check = committed_run(THREE_RANKS_CHECK)
     assert len(check["cases"]) == 12 and {c["ranks"] for c in check["cases"]} == {3}
 
     def out_of_step(shape, ranks, compute, link, machine, horovod):
@@ -264,16 +266,14 @@ def test_without_the_bandwidth_term_the_model_misses(runs, request):
 def test_the_docs_tables_are_the_committed_runs_tables(shaped_links, two_hosts, second_machine, third_machine):
     with open(os.path.join(ROOT, "docs", "how_many_hosts.md")) as f:
         docs = f.read()
-    with open(THREE_RANKS_CHECK) as f:
-        check = json.load(f)
+    check = committed_run(THREE_RANKS_CHECK)
     for runs in (shaped_links, two_hosts, check, second_machine, third_machine):
         assert "\n".join(validation.table(runs)) + "\n" in docs
 
 
 @pytest.fixture(scope="module")
 def two_hosts():
-    with open(TWO_HOSTS) as f:
-        return json.load(f)
+    return committed_run(TWO_HOSTS)
 
 
 def test_the_model_on_two_hosts_with_recursive_doubling(two_hosts):
