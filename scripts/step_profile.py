@@ -222,7 +222,7 @@ def main(argv=None):
         print(f"{op_type:28s} {ms(seconds):>10s} {count[op_type] / args.steps:6.0f}")
     if args.perf:
         wall, parts = perf_parts(run, args.steps, args.warmup + 2 * args.steps, logdir)
-        cores = len(os.sched_getaffinity(0))
+        cores = context.available_cores()
         total = sum(parts.values())
         print(f"perf: {total} samples at {PERF_HZ} Hz over {args.steps} steps, {wall * per_step:.2f} ms a step: this "
               f"process ran {total / PERF_HZ / (wall * cores):.1%} of its {cores} cores' time")
