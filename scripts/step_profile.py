@@ -93,10 +93,9 @@ def code_part(symbol, library):
     return "the rest"
 
 
-def perf_parts(run, steps, first, workdir):
-    """Runs `steps` steps under `perf record` on this process; returns (wall seconds of the
-    steps, Counter of samples by code part)."""
-    perf = shutil.which("perf")
+def perf_parts(perf, run, steps, first, workdir):
+    """Runs `steps` steps under `perf record` (`perf`: its path) on this process; returns (wall
+    seconds of the steps, Counter of samples by code part)."""
     data = os.path.join(workdir, "perf.data")
     record = subprocess.Popen([perf, "record", "-q", "-F", str(PERF_HZ), "-p", str(os.getpid()), "-o", data],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -160,7 +159,8 @@ def uncovered(window, intervals):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.perf and shutil.which("perf") is None:
+    perf = shutil.which("perf") if args.perf else None
+    if args.perf and perf is None:
         raise SystemExit("step_profile.py: --perf needs Linux perf on the PATH: install it (Debian: apt-get install "
                          "linux-perf)")
     context.configure_cpu_threads(1, args.row_groups)
@@ -221,7 +221,7 @@ def main(argv=None):
     for op_type, seconds in by_type.most_common(12):
         print(f"{op_type:28s} {ms(seconds):>10s} {count[op_type] / args.steps:6.0f}")
     if args.perf:
-        wall, parts = perf_parts(run, args.steps, args.warmup + 2 * args.steps, logdir)
+        wall, parts = perf_parts(perf, run, args.steps, args.warmup + 2 * args.steps, logdir)
         cores = context.available_cores()
         total = sum(parts.values())
         print(f"perf: {total} samples at {PERF_HZ} Hz over {args.steps} steps, {wall * per_step:.2f} ms a step: this "
