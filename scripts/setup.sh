@@ -191,8 +191,8 @@ else
     touch "$stamp_hvd"
 fi
 
-# 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell
-#    and the one-pass softmax loss), compiled against this venv's TensorFlow
+# 4. The suite's own ops (texar_lite/kernels/*.cc: the fused LSTM cell,
+#    the one-pass softmax loss and the affine products), compiled against this venv's TensorFlow
 #    for the widest instruction set this CPU has (scripts/kernel_isa.sh).
 #    Each library's flags go into a .isa file beside it, and texar_lite/kernels
 #    refuses to load a library whose flags the CPU it runs on lacks (a copied

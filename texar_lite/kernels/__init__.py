@@ -105,3 +105,5 @@ LSTM_CELL, LSTM_CELL_MISSING = load("lstm_cell")
 LSTM_BF16_PRODUCTS = bf16_products()
 # softmax_xent.cc: the softmax cross entropy and its gradient in one sweep over the logits.
 SOFTMAX_XENT, SOFTMAX_XENT_MISSING = load("softmax_xent")
+# affine.cc: a float32 affine layer's product and its kernel (and bias) gradient, each operand packed once.
+AFFINE, AFFINE_MISSING = load("affine")
