@@ -179,9 +179,9 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
     thread settings, peak RSS per rank, and with a timeline the per-step
-    time in collectives. tf_ops ("cell", "loss") runs those parts as TF ops
+    time in collectives. tf_ops ("cell", "loss", "affine") runs those parts as TF ops
     instead of their fused kernels (the LSTM layers with their recurrent products,
-    the softmax loss). unsynced_rank=[r, n] trains rank r's rows of an n-rank
+    the softmax loss, the affine layers' products). unsynced_rank=[r, n] trains rank r's rows of an n-rank
     run with no communication at all (UnsyncedContext).
     """
     from runtime import config as config_lib

@@ -31,6 +31,7 @@ def results_record(config, opts, ctx, model, data, plan, metrics, test_ppl, per_
         "seed": opts.seed,
         "lstm_cell": model.ops.cell,
         "softmax_loss": model.ops.loss,
+        "affine_products": model.ops.affine,
         # Lets generate.py and score.py notice a data_path with other words.
         "vocab_sha256": ptb_reader.vocab_sha256(data.vocab),
         "learning_rate_scale": plan.lr_scale,

@@ -33,6 +33,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
         ("precision", _precision(ops.precision)),
         ("LSTM cell", _lstm_cell(ops)),
         ("softmax loss", _softmax_loss(ops)),
+        ("affine products", _affine_products(ops)),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -79,6 +80,10 @@ def _lstm_cell(ops):
 
 def _softmax_loss(ops):
     return f"{ops.loss} ({ops.loss_reason}: {_library('softmax_xent')})" if ops.fused_loss else ops.loss_line
+
+
+def _affine_products(ops):
+    return f"{ops.affine} ({ops.affine_reason}: {_library('affine')})" if ops.fused_affine else ops.affine_line
 
 
 def _library(name):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from texar_lite import kernels
+from texar_lite import decoder, kernels, op_selection
 
 # Rows, depth and columns around the tile's edges (6 or 14 rows, 16 or 32
 # columns), across depth blocks of 256, and the small config's softmax layer.
@@ -20,9 +20,10 @@ def _random(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def test_the_affine_ops_are_built():
-    # scripts/setup.sh compiles them; without them training runs the slower TF ops.
+def test_the_affine_ops_are_built_and_chosen_for_float32_on_cpu():
     _ops()
+    assert op_selection.ops_for().affine == "fused kernel"
+    assert op_selection.ops_for(precision="mixed_bfloat16").affine == "TF ops"
 
 
 @pytest.mark.parametrize("rows, depth, columns", SHAPES)
@@ -96,3 +97,18 @@ def test_empty_rows_give_the_bias_and_a_zero_gradient():
 def test_mismatched_shapes_are_refused_before_any_product(call, message):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         call(_ops())
+
+
+def test_the_fused_affine_layer_and_its_gradients_match_the_tf_ops_one():
+    x, kernel, bias = _random((37, 50), 17), _random((50, 90), 18), _random(90, 19)
+    upstream = _random((37, 90), 20)
+    results = []
+    for affine in (decoder._fused_affine, decoder._affine):
+        variables = [tf.constant(x), tf.constant(kernel), tf.constant(bias)]
+        with tf.GradientTape() as tape:
+            tape.watch(variables)
+            out = affine(*variables)
+            loss = tf.reduce_sum(out * upstream)
+        results.append([out.numpy(), *[g.numpy() for g in tape.gradient(loss, variables)]])
+    for fused, reference in zip(*results):
+        np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-4)

@@ -26,7 +26,8 @@ from texar_lite import decoder, kernels, losses, op_selection, optimization
 from texar_lite.model import LanguageModel
 from texar_lite.op_selection import FUSED, TF_OPS, OpChoice, choose_ops
 
-CUSTOM_OPS = {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace"}
+AFFINE_OPS = {"AffineForward", "AffineKernelGradient"}
+CUSTOM_OPS = {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace", *AFFINE_OPS}
 # Under mixed_bfloat16 the loss reads the softmax layer's bf16 product and bias in its place.
 BF16_LOSS = "Bf16AffineSoftmaxCrossEntropy"
 GPU_REASON = "the fused kernel is CPU-only and this run is on GPU"
@@ -34,23 +35,28 @@ NOT_BUILT = "the fused kernel is not built: run make setup"
 BF16_REASON = ("precision is mixed_bfloat16, and the fused kernel's bf16 products need avx512_bf16, which this CPU "
                "lacks")
 ASKED = "asked for instead of the fused kernel"
+BF16_AFFINE_REASON = "precision is mixed_bfloat16, and the fused kernel is float32 only: TF's bf16 MatMul runs them"
+# The affine products' part of an OpChoice: fused on CPU in float32, else TF ops and why.
+FUSED_AFFINE = {"affine": FUSED, "affine_reason": "built, float32 on CPU"}
+GPU_AFFINE = {"affine": TF_OPS, "affine_reason": GPU_REASON}
+BF16_AFFINE = {"affine": TF_OPS, "affine_reason": BF16_AFFINE_REASON}
 
 
 def test_gpu_gets_the_tf_ops_for_both_even_when_the_kernels_are_built():
     choice = choose_ops("GPU:0", "float32")
-    assert choice == OpChoice("GPU", "float32", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
+    assert choice == OpChoice("GPU", "float32", "TF ops", GPU_REASON, "TF ops", GPU_REASON, **GPU_AFFINE)
     assert choice.cell_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
-    assert choice.loss_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    assert choice.loss_line == choice.affine_line == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     # The device comes first: a GPU run is not told to build a kernel it would not use.
-    assert choose_ops("GPU", "mixed_bfloat16", NOT_BUILT, NOT_BUILT) == OpChoice(
-        "GPU", "mixed_bfloat16", "TF ops", GPU_REASON, "TF ops", GPU_REASON)
+    assert choose_ops("GPU", "mixed_bfloat16", NOT_BUILT, NOT_BUILT, affine_missing=NOT_BUILT) == OpChoice(
+        "GPU", "mixed_bfloat16", "TF ops", GPU_REASON, "TF ops", GPU_REASON, **GPU_AFFINE)
 
 
-def test_cpu_float32_with_the_kernels_built_gets_both_fused_kernels():
+def test_cpu_float32_with_the_kernels_built_gets_all_fused_kernels():
     choice = choose_ops("CPU", "float32")
     assert choice == OpChoice("CPU", "float32", "fused kernel", "built, float32 on CPU",
-                              "fused kernel", "built, float32 logits on CPU")
-    assert (choice.fused_cell, choice.fused_loss) == (True, True)
+                              "fused kernel", "built, float32 logits on CPU", **FUSED_AFFINE)
+    assert (choice.fused_cell, choice.fused_loss, choice.fused_affine) == (True, True, True)
     assert choice.cell_line == "fused kernel (built, float32 on CPU)"
 
 
@@ -58,7 +64,7 @@ def test_bf16_on_a_cpu_without_bf16_products_gets_the_tf_ops_cell_and_keeps_the_
     # The logits stay float32 under mixed_bfloat16, so the loss kernel still applies.
     choice = choose_ops("CPU", "mixed_bfloat16")
     assert choice == OpChoice("CPU", "mixed_bfloat16", "TF ops", BF16_REASON,
-                              "fused kernel", "built, float32 logits on CPU")
+                              "fused kernel", "built, float32 logits on CPU", **BF16_AFFINE)
     assert choice.cell_line == ("TF ops (precision is mixed_bfloat16, and the fused kernel's bf16 products need "
                                 "avx512_bf16, which this CPU lacks)")
     # The precision's reason comes before the build's: building would not give this CPU the fused cell.
@@ -72,14 +78,14 @@ def test_bf16_on_a_cpu_without_bf16_products_gets_the_tf_ops_cell_and_keeps_the_
 def test_bf16_on_a_cpu_with_bf16_products_gets_the_fused_cell(products, reason):
     choice = choose_ops("CPU", "mixed_bfloat16", bf16_products=products)
     assert choice == OpChoice("CPU", "mixed_bfloat16", "fused kernel", reason, "fused kernel",
-                              "built, float32 logits on CPU", products)
+                              "built, float32 logits on CPU", products, **BF16_AFFINE)
     assert (choice.fused_cell, choice.bf16_products) == (True, products)
     # float32 ignores them; the request, the device and the build still come first.
     assert choose_ops("CPU", "float32", bf16_products=products) == choose_ops("CPU", "float32")
     assert choose_ops("CPU", "mixed_bfloat16", tf_ops=("cell",), bf16_products=products).cell_reason == ASKED
     assert choose_ops("GPU:0", "mixed_bfloat16", bf16_products=products).cell_reason == GPU_REASON
     assert choose_ops("CPU", "mixed_bfloat16", NOT_BUILT, bf16_products=products) == OpChoice(
-        "CPU", "mixed_bfloat16", "TF ops", NOT_BUILT, "fused kernel", "built, float32 logits on CPU")
+        "CPU", "mixed_bfloat16", "TF ops", NOT_BUILT, "fused kernel", "built, float32 logits on CPU", **BF16_AFFINE)
 
 
 @pytest.mark.parametrize("precision, cell, products, message", [
@@ -118,28 +124,34 @@ def test_this_machine_asks_linux_for_amx_only_where_the_cpu_has_it():
 
 
 def test_cpu_without_the_kernels_built_gets_the_tf_ops_and_says_run_make_setup():
-    assert choose_ops("CPU", "float32", NOT_BUILT, NOT_BUILT) == OpChoice(
-        "CPU", "float32", "TF ops", NOT_BUILT, "TF ops", NOT_BUILT)
+    assert choose_ops("CPU", "float32", NOT_BUILT, NOT_BUILT, affine_missing=NOT_BUILT) == OpChoice(
+        "CPU", "float32", "TF ops", NOT_BUILT, "TF ops", NOT_BUILT, affine=TF_OPS, affine_reason=NOT_BUILT)
     assert choose_ops("CPU", "float32", loss_missing=NOT_BUILT) == OpChoice(
-        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", NOT_BUILT)
+        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", NOT_BUILT, **FUSED_AFFINE)
+    assert choose_ops("CPU", "float32", affine_missing=NOT_BUILT).affine_line == f"TF ops ({NOT_BUILT})"
+    # bf16 comes before the build: building would not give a bf16 run the float32 kernel.
+    assert choose_ops("CPU", "mixed_bfloat16", affine_missing=NOT_BUILT).affine_reason == BF16_AFFINE_REASON
 
 
 def test_tf_ops_asked_for_replace_the_fused_kernels_part_by_part():
     assert choose_ops("CPU", "float32", tf_ops=("loss",)) == OpChoice(
-        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", ASKED)
+        "CPU", "float32", "fused kernel", "built, float32 on CPU", "TF ops", ASKED, **FUSED_AFFINE)
     assert choose_ops("CPU", "float32", tf_ops=["cell"]) == OpChoice(
-        "CPU", "float32", "TF ops", ASKED, "fused kernel", "built, float32 logits on CPU")
-    both = choose_ops("CPU", "float32", tf_ops=("cell", "loss"))
-    assert both.cell_line == both.loss_line == "TF ops (asked for instead of the fused kernel)"
+        "CPU", "float32", "TF ops", ASKED, "fused kernel", "built, float32 logits on CPU", **FUSED_AFFINE)
+    assert choose_ops("CPU", "float32", tf_ops=("affine",)) == OpChoice(
+        "CPU", "float32", "fused kernel", "built, float32 on CPU", "fused kernel", "built, float32 logits on CPU",
+        affine=TF_OPS, affine_reason=ASKED)
+    every = choose_ops("CPU", "float32", tf_ops=("cell", "loss", "affine"))
+    assert every.cell_line == every.loss_line == every.affine_line == "TF ops (asked for instead of the fused kernel)"
     # The request is the first reason, before the device.
     assert choose_ops("GPU:0", "float32", tf_ops=("cell",)) == OpChoice(
-        "GPU", "float32", "TF ops", ASKED, "TF ops", GPU_REASON)
+        "GPU", "float32", "TF ops", ASKED, "TF ops", GPU_REASON, **GPU_AFFINE)
 
 
 @pytest.mark.parametrize("tf_ops", [("softmax",), "cell"])
 def test_an_unknown_tf_ops_part_is_refused(tf_ops):
     with pytest.raises(ValueError, match=re.escape(f"tf_ops {tf_ops!r}: expected a collection of cell, loss, "
-                                                   "e.g. ('loss',)")):
+                                                   "affine, e.g. ('loss',)")):
         choose_ops("CPU", "float32", tf_ops=tf_ops)
 
 
@@ -157,8 +169,8 @@ def test_an_unknown_device_is_refused():
 
 
 def test_this_checkout_has_both_kernels_built():
-    # The machine-level facts the tests below rely on (make setup builds both).
-    assert kernels.LSTM_CELL is not None and kernels.SOFTMAX_XENT is not None
+    # The machine-level facts the tests below rely on (make setup builds all three).
+    assert kernels.LSTM_CELL is not None and kernels.SOFTMAX_XENT is not None and kernels.AFFINE is not None
     assert op_selection.ops_for("CPU") == choose_ops("CPU", "float32")
     assert op_selection.ops_for("GPU:0") == choose_ops("GPU:0", "float32")
 
@@ -180,6 +192,7 @@ def test_the_training_summary_names_the_models_ops_and_why():
     gpu = rows("GPU:0")
     assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    assert gpu["affine products"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     cpu = rows("CPU")
     # The library and the CPU flags setup built it for (scripts/kernel_isa.sh's choice for this CPU).
     isa = _kernel_isa()
@@ -187,6 +200,7 @@ def test_the_training_summary_names_the_models_ops_and_why():
     assert cpu["LSTM cell"] == f"fused kernel (built, float32 on CPU: texar_lite/kernels/lstm_cell.so for {isa})"
     assert cpu["softmax loss"] == ("fused kernel (built, float32 logits on CPU: texar_lite/kernels/softmax_xent.so "
                                    f"for {isa})")
+    assert cpu["affine products"] == f"fused kernel (built, float32 on CPU: texar_lite/kernels/affine.so for {isa})"
     bf16 = rows("CPU", "precision=mixed_bfloat16")
     products = kernels.LSTM_BF16_PRODUCTS
     # The fused cell where this CPU has bf16 products (naming which), else the TF ops and why.
@@ -195,6 +209,7 @@ def test_the_training_summary_names_the_models_ops_and_why():
                                      f"texar_lite/kernels/lstm_cell.so for {isa})")
     else:
         assert bf16["LSTM cell"] == f"TF ops ({BF16_REASON})"
+    assert bf16["affine products"] == f"TF ops ({BF16_AFFINE_REASON})"
     assert bf16["precision"].startswith("mixed_bfloat16")
 
 
@@ -292,10 +307,14 @@ def test_a_refused_library_runs_the_tf_ops_and_the_summary_says_why(monkeypatch)
     monkeypatch.setattr(kernels, "LSTM_CELL_MISSING", lacks)
     monkeypatch.setattr(kernels, "SOFTMAX_XENT", None)
     monkeypatch.setattr(kernels, "SOFTMAX_XENT_MISSING", lacks)
+    monkeypatch.setattr(kernels, "AFFINE", None)
+    monkeypatch.setattr(kernels, "AFFINE_MISSING", lacks)
     model = _tiny_model("CPU")
-    assert model.ops == OpChoice("CPU", "float32", TF_OPS, lacks, TF_OPS, lacks)
+    assert model.ops == OpChoice("CPU", "float32", TF_OPS, lacks, TF_OPS, lacks, affine=TF_OPS, affine_reason=lacks)
     assert model.decoder.cell is decoder.TF_OPS_CELL
+    assert model.decoder.affine is decoder._affine
     assert summary._lstm_cell(model.ops) == summary._softmax_loss(model.ops) == f"TF ops ({lacks})"
+    assert summary._affine_products(model.ops) == f"TF ops ({lacks})"
     # The device still comes first: a GPU run is not told to rebuild.
     assert op_selection.ops_for("GPU:0").cell_reason == GPU_REASON
 
@@ -360,26 +379,35 @@ def test_a_model_built_for_cpu_runs_the_custom_ops():
 
 
 @pytest.mark.parametrize("tf_ops, left", [
-    (("cell",), {"SoftmaxCrossEntropyInPlace"}),
-    (("loss",), {"LstmSequenceForward", "LstmSequenceBackward"}),
-    (("cell", "loss"), set()),
+    (("cell",), {"SoftmaxCrossEntropyInPlace", *AFFINE_OPS}),
+    (("loss",), {"LstmSequenceForward", "LstmSequenceBackward", *AFFINE_OPS}),
+    (("affine",), {"LstmSequenceForward", "LstmSequenceBackward", "SoftmaxCrossEntropyInPlace"}),
+    (("cell", "loss", "affine"), set()),
 ])
 def test_a_cpu_model_asked_for_tf_ops_runs_them_in_training_and_evaluation(tf_ops, left):
     # The public switch reaches the decoder and, through model.ops, the trainer's losses.
     model, types = _traced_op_types("CPU", tf_ops)
-    assert (model.ops.cell == "TF ops", model.ops.loss == "TF ops") == ("cell" in tf_ops, "loss" in tf_ops)
+    assert [getattr(model.ops, part) == "TF ops" for part in op_selection.PARTS] == [
+        part in tf_ops for part in op_selection.PARTS]
     assert (model.decoder.cell is decoder.TF_OPS_CELL) == ("cell" in tf_ops)
     assert types & CUSTOM_OPS == left
 
 
-@pytest.mark.parametrize("cell, loss, message", [
-    (FUSED, TF_OPS, "the fused LSTM op is a CPU kernel; device GPU needs the TF-ops cell"),
-    (TF_OPS, FUSED, "the fused softmax loss is a CPU kernel; device GPU needs the TF-ops loss"),
+@pytest.mark.parametrize("cell, loss, affine, message", [
+    (FUSED, TF_OPS, TF_OPS, "the fused LSTM op is a CPU kernel; device GPU needs the TF-ops cell"),
+    (TF_OPS, FUSED, TF_OPS, "the fused softmax loss is a CPU kernel; device GPU needs the TF-ops loss"),
+    (TF_OPS, TF_OPS, FUSED, "the fused affine products are a float32 CPU kernel; device GPU at precision float32 "
+                            "needs the TF ops"),
 ])
-def test_a_choice_made_by_hand_for_gpu_cannot_name_a_fused_kernel(cell, loss, message):
+def test_a_choice_made_by_hand_for_gpu_cannot_name_a_fused_kernel(cell, loss, affine, message):
     with pytest.raises(ValueError) as err:
-        OpChoice("GPU", "float32", cell, "by hand", loss, "by hand")
+        OpChoice("GPU", "float32", cell, "by hand", loss, "by hand", affine=affine, affine_reason="by hand")
     assert str(err.value) == message
+
+
+def test_a_choice_made_by_hand_cannot_run_the_float32_affine_kernel_in_bf16():
+    with pytest.raises(ValueError, match="device CPU at precision mixed_bfloat16 needs the TF ops"):
+        OpChoice("CPU", "mixed_bfloat16", TF_OPS, "by hand", TF_OPS, "by hand", affine=FUSED, affine_reason="by hand")
 
 
 def _imported(node):
@@ -458,7 +486,7 @@ def test_a_run_given_a_gpu_device_trains_with_the_tf_ops_end_to_end(tmp_path, sy
                            "--max_steps_per_epoch", "3", "--set", "num_epochs=1"])
     assert job.run(args, LocalContext(), 2, 2, "GPU:0") == 0
     results = json.loads((out / "results.json").read_text())
-    assert (results["lstm_cell"], results["softmax_loss"]) == ("TF ops", "TF ops")
+    assert (results["lstm_cell"], results["softmax_loss"], results["affine_products"]) == ("TF ops",) * 3
     printed = capsys.readouterr().out
-    for row in ("LSTM cell", "softmax loss"):
+    for row in ("LSTM cell", "softmax loss", "affine products"):
         assert re.search(rf"{row} +TF ops \(the fused kernel is CPU-only and this run is on GPU\)\n", printed), row

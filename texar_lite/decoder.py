@@ -64,7 +64,10 @@ class LSTMDecoder(tf.Module):
             raise ValueError(f"precision {ops.precision!r} is not supported; use one of {', '.join(PRECISIONS)}")
         if ops.fused_cell and FUSED_CELL is None:
             raise ValueError(f"the fused LSTM op is not built ({kernels.library_path('lstm_cell')}): run make setup")
+        if ops.fused_affine and kernels.AFFINE is None:
+            raise ValueError(f"the fused affine ops are not built ({kernels.library_path('affine')}): run make setup")
         self.cell = (FUSED_AMX_CELL if ops.bf16_products == "amx" else FUSED_CELL) if ops.fused_cell else TF_OPS_CELL
+        self.affine = _fused_affine if ops.fused_affine else _affine
         self.time_chunks = time_chunks or (AMX_TIME_CHUNKS if self.cell is FUSED_AMX_CELL else TIME_CHUNKS)
         # Mixed bfloat16: the matmuls read bf16 copies of the fp32 weights (the
         # fused cell's recurrent products too, summing in fp32); the cell
@@ -101,7 +104,7 @@ class LSTMDecoder(tf.Module):
         """x [N, D] x kernel + bias, reshaped to shape. Across the bf16 boundary the result
         carries its parts, the bf16 product and the bias, for the loss to read instead."""
         if self.matmul_dtype == tf.float32:
-            return tf.reshape(_affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias)), shape)
+            return tf.reshape(self.affine(x, tf.convert_to_tensor(kernel), tf.convert_to_tensor(bias)), shape)
         product = tf.matmul(tf.cast(x, self.matmul_dtype), tf.cast(kernel, self.matmul_dtype))
         if self.bf16_boundary:
             return with_bf16_parts(tf.reshape(_bf16_product_plus_bias(product, bias), shape), product, bias)
@@ -175,13 +178,40 @@ def _affine(x, kernel, bias):
     out = tf.nn.bias_add(tf.matmul(x, kernel), bias)
 
     def grad(d_out):
-        d_x = tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
+        d_x = _input_gradient(d_out, kernel)
         with tf.control_dependencies([d_x]):
             x_and_ones = tf.pad(x, [[0, 0], [0, 1]], constant_values=1.0)
-        d_kernel, d_bias = tf.split(tf.matmul(x_and_ones, d_out, transpose_a=True), [kernel.shape[0], 1])
-        return d_x, d_kernel, tf.reshape(d_bias, [-1])
+        return (d_x, *_kernel_and_bias(tf.matmul(x_and_ones, d_out, transpose_a=True), kernel))
 
     return out, grad
+
+
+@tf.custom_gradient
+def _fused_affine(x, kernel, bias):
+    """_affine's products as texar_lite/kernels/affine.cc's ops, with the same d_x.
+
+    TF's float32 MatMul copies its operands twice on the way to its inner
+    kernel; these ops copy them once, and sum every output element in one
+    fixed order, whatever the rows and threads.
+    """
+    out = kernels.AFFINE.affine_forward(x, kernel, bias)
+
+    def grad(d_out):
+        d_x = _input_gradient(d_out, kernel)
+        with tf.control_dependencies([d_x]):
+            return (d_x, *_kernel_and_bias(kernels.AFFINE.affine_kernel_gradient(x, d_out), kernel))
+
+    return out, grad
+
+
+def _input_gradient(d_out, kernel):
+    return tf.raw_ops.BatchMatMulV2(x=d_out, y=kernel, adj_y=True)
+
+
+def _kernel_and_bias(product, kernel):
+    """[x, 1]^T d_out [D + 1, K] as the kernel's gradient [D, K] and the bias's [K]."""
+    d_kernel, d_bias = tf.split(product, [kernel.shape[0], 1])
+    return d_kernel, tf.reshape(d_bias, [-1])
 
 
 @tf.custom_gradient

@@ -11,9 +11,10 @@ class LanguageModel(tf.Module):
     def __init__(self, config, vocab_size, seed, device="CPU", tf_ops=(), name="lm"):
         """config: the run's config as runtime.config.load_config returns it; its emb and cell
         go to the embedder and the decoder as they are. device: where the model runs ("CPU",
-        "GPU:0"). With the precision it picks the LSTM cell and the softmax loss, once: self.ops,
+        "GPU:0"). With the precision it picks the LSTM cell, the softmax loss and the affine
+        products, once: self.ops,
         from texar_lite/op_selection.py, which the decoder runs and the losses take
-        (ops=model.ops); tf_ops names the parts ("cell", "loss") to run as TF ops even where
+        (ops=model.ops); tf_ops names the parts ("cell", "loss", "affine") to run as TF ops even where
         the fused kernel could."""
         super().__init__(name=name)
         init = uniform_initializer(config.init_scale, seed)

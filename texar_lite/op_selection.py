@@ -1,4 +1,4 @@
-"""Which LSTM cell and which softmax loss a model runs: the one place that decides.
+"""Which LSTM cell, softmax loss and affine products a model runs: the one place that decides.
 
 A LanguageModel calls ops_for once and keeps the answer as model.ops (an
 OpChoice); its decoder runs the cell that names, the losses take it as
@@ -15,8 +15,13 @@ model runs on, not only on whether setup built the libraries:
                         a CPU with bf16 dot products; TF ops otherwise
     loss: fused kernel  on CPU, library built; TF ops otherwise (the logits
                         are float32 under either precision)
+    affine: fused kernel
+                        on CPU, float32, library built; TF ops otherwise
+                        (the affine layers' products: the softmax layer and
+                        each LSTM layer's input projection; in bf16 they are
+                        TF's bf16 MatMul)
 
-On a GPU both are TF ops, which TensorFlow runs as GPU kernels. cuDNN's LSTM
+On a GPU all are TF ops, which TensorFlow runs as GPU kernels. cuDNN's LSTM
 (tf.raw_ops.CudnnRNN) is not used in their place: with these weights it
 computes another function. It adds two bias vectors (input and recurrent)
 where this cell has one, has no forget_bias shift, and expects the gate
@@ -32,7 +37,8 @@ a CPU with neither runs the TF-ops cell, whose bf16 MatMul oneDNN emulates.
 
 The reasons name the first condition that rules the fused kernel out, in
 this order: an explicit request for the TF ops, the device, the precision
-(bf16 on a CPU without bf16 dot products), the build (so that a GPU run is
+(for the cell, bf16 on a CPU without bf16 dot products; for the affine
+products, bf16), the build (so that a GPU run is
 never told to run make setup for a kernel it would not use anyway). The build's reason is texar_lite/kernels' own: not
 built, or built for CPU flags this CPU lacks. The request (``tf_ops``) is
 how the benchmark's lever rows and the tests compare the fused kernels with
@@ -47,17 +53,22 @@ FUSED = "fused kernel"
 TF_OPS = "TF ops"
 DEVICE_TYPES = ("CPU", "GPU")
 
-PARTS = ("cell", "loss")
+PARTS = ("cell", "loss", "affine")
 
 REASON_ASKED = "asked for instead of the fused kernel"
 REASON_FUSED_CELL = "built, float32 on CPU"
 BF16_PRODUCTS = {"amx": "AMX tiles", "avx512_bf16": "avx512_bf16 (vdpbf16ps)"}
 REASON_FUSED_LOSS = "built, float32 logits on CPU"
+REASON_FUSED_AFFINE = "built, float32 on CPU"
 REASON_GPU = "the fused kernel is CPU-only and this run is on GPU"
 
 
 def reason_precision(precision):
     return f"precision is {precision}, and the fused kernel's bf16 products need avx512_bf16, which this CPU lacks"
+
+
+def reason_affine_precision(precision):
+    return f"precision is {precision}, and the fused kernel is float32 only: TF's bf16 MatMul runs them"
 
 
 def reason_fused_bf16(products):
@@ -66,8 +77,9 @@ def reason_fused_bf16(products):
 
 @dataclasses.dataclass(frozen=True)
 class OpChoice:
-    """cell and loss are FUSED or TF_OPS; each reason says why, in a few words. bf16_products
-    says how a fused cell runs its bf16 products under mixed_bfloat16: "amx" or "avx512_bf16".
+    """cell, loss and affine are FUSED or TF_OPS; each reason says why, in a few words.
+    bf16_products says how a fused cell runs its bf16 products under mixed_bfloat16: "amx"
+    or "avx512_bf16". affine is the affine layers' products (texar_lite/kernels/affine.cc).
 
     A dataclass, not a tuple: tf.Module would track a tuple attribute as a
     checkpoint dependency. A choice made by hand is checked as choose_ops
@@ -81,6 +93,8 @@ class OpChoice:
     loss: str
     loss_reason: str
     bf16_products: str = ""
+    affine: str = TF_OPS
+    affine_reason: str = REASON_ASKED
 
     def __post_init__(self):
         if self.fused_cell and self.device_type != "CPU":
@@ -97,6 +111,9 @@ class OpChoice:
         if self.fused_loss and self.device_type != "CPU":
             raise ValueError(f"the fused softmax loss is a CPU kernel; device {self.device_type} needs the TF-ops "
                              "loss")
+        if self.fused_affine and (self.device_type != "CPU" or self.precision != "float32"):
+            raise ValueError(f"the fused affine products are a float32 CPU kernel; device {self.device_type} at "
+                             f"precision {self.precision} needs the TF ops")
 
     @property
     def fused_cell(self):
@@ -107,6 +124,10 @@ class OpChoice:
         return self.loss == FUSED
 
     @property
+    def fused_affine(self):
+        return self.affine == FUSED
+
+    @property
     def cell_line(self):
         """The training summary's "LSTM cell" value, e.g. "TF ops (the fused kernel is CPU-only ...)"."""
         return f"{self.cell} ({self.cell_reason})"
@@ -114,6 +135,10 @@ class OpChoice:
     @property
     def loss_line(self):
         return f"{self.loss} ({self.loss_reason})"
+
+    @property
+    def affine_line(self):
+        return f"{self.affine} ({self.affine_reason})"
 
 
 def device_type(device):
@@ -124,13 +149,15 @@ def device_type(device):
     return found[-1]
 
 
-def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(), bf16_products=None):
-    """The LSTM cell and softmax loss for a model on `device` ("CPU", "GPU", "GPU:0", ...).
+def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(), bf16_products=None,
+               affine_missing=None):
+    """The LSTM cell, softmax loss and affine products for a model on `device` ("CPU", "GPU", "GPU:0", ...).
 
-    precision is the config's ("float32" or "mixed_bfloat16"); cell_missing
-    and loss_missing say why texar_lite/kernels did not load lstm_cell.so or
-    softmax_xent.so, None where it did. tf_ops names the parts ("cell", "loss") that run as TF ops even
-    where their fused kernel could. bf16_products is how this CPU runs the
+    precision is the config's ("float32" or "mixed_bfloat16"); cell_missing,
+    loss_missing and affine_missing say why texar_lite/kernels did not load
+    lstm_cell.so, softmax_xent.so or affine.so, None where it did. tf_ops names
+    the parts ("cell", "loss", "affine") that run as TF ops even where their
+    fused kernel could. bf16_products is how this CPU runs the
     fused cell's bf16 products ("amx", "avx512_bf16"; None: it cannot).
     Pure: the same arguments give the same OpChoice.
     """
@@ -157,12 +184,22 @@ def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(
         loss, loss_reason = TF_OPS, loss_missing
     else:
         loss, loss_reason = FUSED, REASON_FUSED_LOSS
+    if "affine" in asked:
+        affine, affine_reason = TF_OPS, REASON_ASKED
+    elif kind == "GPU":
+        affine, affine_reason = TF_OPS, REASON_GPU
+    elif bf16:
+        affine, affine_reason = TF_OPS, reason_affine_precision(precision)
+    elif affine_missing:
+        affine, affine_reason = TF_OPS, affine_missing
+    else:
+        affine, affine_reason = FUSED, REASON_FUSED_AFFINE
     products = bf16_products if bf16 and cell == FUSED else ""
-    return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason, products)
+    return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason, products, affine, affine_reason)
 
 
 def ops_for(device="CPU", precision="float32", tf_ops=()):
     """choose_ops with the libraries texar_lite/kernels loaded (read at call time, so a test may unload one)."""
     return choose_ops(device, precision, cell_missing=kernels.LSTM_CELL_MISSING,
                       loss_missing=kernels.SOFTMAX_XENT_MISSING, tf_ops=tf_ops,
-                      bf16_products=kernels.LSTM_BF16_PRODUCTS)
+                      bf16_products=kernels.LSTM_BF16_PRODUCTS, affine_missing=kernels.AFFINE_MISSING)
