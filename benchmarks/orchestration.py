@@ -243,6 +243,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
             ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
             ("small_tf_ops_cell", lambda: run_worker({**train, "tf_ops": ["cell"]})),
+            ("small_tf_ops_affine", lambda: run_worker({**train, "tf_ops": ["affine"]})),
             ("small_bf16_tf_ops_cell", lambda: run_worker({**bf16, "tf_ops": ["cell"]})),
             ("hvd_2x1_cycle1ms", lambda: run_worker(distributed, ranks=2, env={"HOROVOD_CYCLE_TIME": "1"})),
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,

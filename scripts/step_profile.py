@@ -1,7 +1,7 @@
 """Where a training step's time goes, from a TensorFlow profiler trace.
 
     .venv/bin/python scripts/step_profile.py [--config NAME] [--set KEY=VALUE] [--data_path DIR] [--steps N]
-                                             [--tf_ops cell] [--row_groups N] [--perf]
+                                             [--tf_ops PART] [--row_groups N] [--perf]
 
 Runs the trainer's own train step (as `make bench` times it) for warm-up
 steps, then STEPS steps under the profiler, and prints per step: the wall
@@ -56,7 +56,7 @@ def parse_args(argv):
                         help="PTB folder; without ptb.train.txt the steps run on random ids")
     parser.add_argument("--steps", type=int, default=20, help="profiled steps (default: 20)")
     parser.add_argument("--warmup", type=int, default=15, help="steps before the profile (default: 15)")
-    parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss"],
+    parser.add_argument("--tf_ops", action="append", default=[], choices=["cell", "loss", "affine"],
                         help="run this part as TF ops instead of its fused kernel; repeatable")
     parser.add_argument("--row_groups", type=positive, default=1, metavar="N",
                         help="run the rows as N groups side by side, as lm_ptb.py --row_groups N does (default: 1)")
