@@ -80,6 +80,8 @@ def code_part(symbol, library):
         return "the LSTM ops' products" if any(name in symbol for name in PRODUCTS) else "the LSTM ops' gate math"
     if library.endswith("softmax_xent.so"):
         return "the fused loss"
+    if library.endswith("affine.so"):
+        return "the affine ops' products"
     if any(name in symbol for name in ("ThreadPool", "RunQueue", "EigenEnvironment")):
         return "TensorFlow's thread pool looking for work"
     if library.startswith("[kernel"):
