@@ -127,14 +127,18 @@ void PackRows(Matrix a, int64_t rows, int64_t ones_row, int64_t first, int64_t c
 // The right operand's columns [first, first + kColumns) and depth [k0, k0 + depth)
 // as [depth][kColumns], zeros from column `columns` on.
 void PackPanel(Matrix b, int64_t columns, int64_t first, int64_t k0, int64_t depth, float* packed) {
+  using namespace Eigen::internal;
   const int64_t valid = std::min(kColumns, columns - first);
   for (int64_t k = 0; k < depth; ++k) {
     float* out = packed + k * kColumns;
-    if (b.column_step == 1) {
-      std::memcpy(out, b.data + (k0 + k) * b.row_step + first, valid * sizeof(float));
-    } else {
-      for (int64_t j = 0; j < valid; ++j) out[j] = b.at(k0 + k, first + j);
+    if (b.column_step == 1 && valid == kColumns) {
+      // Two vector moves, not a call of memcpy for every step of the depth.
+      const float* in = b.data + (k0 + k) * b.row_step + first;
+      pstore(out, ploadu<Packet>(in));
+      pstore(out + kPacket, ploadu<Packet>(in + kPacket));
+      continue;
     }
+    for (int64_t j = 0; j < valid; ++j) out[j] = b.at(k0 + k, first + j);
     std::fill(out + valid, out + kColumns, 0.0f);
   }
 }
