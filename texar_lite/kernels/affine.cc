@@ -86,7 +86,9 @@ void Tile(int64_t depth, const float* a, const float* b, float* c, int64_t ldc, 
   using namespace Eigen::internal;
   Packet sum[kRows][2];
   for (int r = 0; r < kRows; ++r) {
-    for (int p = 0; p < 2; ++p) sum[r][p] = accumulate ? ploadu<Packet>(c + r * ldc + p * kPacket) : pset1<Packet>(0.0f);
+    for (int p = 0; p < 2; ++p) {
+      sum[r][p] = accumulate ? ploadu<Packet>(c + r * ldc + p * kPacket) : pset1<Packet>(0.0f);
+    }
   }
   for (int64_t k = 0; k < depth; ++k) {
     const Packet b0 = pload<Packet>(b + k * kColumns), b1 = pload<Packet>(b + k * kColumns + kPacket);
@@ -108,16 +110,16 @@ void Tile(int64_t depth, const float* a, const float* b, float* c, int64_t ldc, 
   }
 }
 
-// The left operand's rows [first, first + count) and depth [k0, k0 + depth),
-// as [count / kRows blocks][depth][kRows]. Rows from `rows` on are zeros,
-// except row `ones_row` (if any), all ones.
-void PackRows(Matrix a, int64_t rows, int64_t ones_row, int64_t first, int64_t count, int64_t k0, int64_t depth,
+// The left operand's first `padded_rows` rows (a multiple of kRows) and depth
+// [k0, k0 + depth), as [padded_rows / kRows blocks][depth][kRows]. Rows from
+// `rows` on are zeros, except row `ones_row` (if any), all ones.
+void PackRows(Matrix a, int64_t rows, int64_t ones_row, int64_t padded_rows, int64_t k0, int64_t depth,
               float* packed) {
-  for (int64_t block = 0; block < count; block += kRows) {
+  for (int64_t block = 0; block < padded_rows; block += kRows) {
     float* out = packed + block * depth;
     for (int64_t k = 0; k < depth; ++k) {
       for (int64_t r = 0; r < kRows; ++r) {
-        const int64_t row = first + block + r;
+        const int64_t row = block + r;
         out[k * kRows + r] = row < rows ? a.at(row, k0 + k) : (row == ones_row ? 1.0f : 0.0f);
       }
     }
@@ -153,13 +155,13 @@ struct Product {
   int64_t ldc;
 
   void Columns(int64_t first, int64_t last) const {
-    const int64_t row_blocks = (rows + kRows - 1) / kRows * kRows;
-    Buffer packed_rows(row_blocks * std::min(depth, kDepthBlock)), panel(kColumns * std::min(depth, kDepthBlock));
+    const int64_t padded_rows = (rows + kRows - 1) / kRows * kRows;
+    Buffer packed_rows(padded_rows * std::min(depth, kDepthBlock)), panel(kColumns * std::min(depth, kDepthBlock));
     Buffer spill(kRows * kColumns), bias_spill(kColumns);
     for (int64_t k0 = 0; k0 < depth; k0 += kDepthBlock) {
       const int64_t block = std::min(kDepthBlock, depth - k0);
       const bool first_block = k0 == 0, last_block = k0 + block == depth;
-      PackRows(a, a_rows, ones_row, 0, row_blocks, k0, block, packed_rows.data());
+      PackRows(a, a_rows, ones_row, padded_rows, k0, block, packed_rows.data());
       for (int64_t n = first; n < last; n += kColumns) {
         PackPanel(b, columns, n, k0, block, panel.data());
         const int64_t width = std::min(kColumns, last - n);
@@ -179,7 +181,9 @@ struct Product {
           float* out = whole ? c + m * ldc + n : spill.data();
           const int64_t ld = whole ? ldc : kColumns;
           if (!whole && !first_block) {
-            for (int64_t r = 0; r < height; ++r) std::copy(c + (m + r) * ldc + n, c + (m + r) * ldc + n + width, out + r * ld);
+            for (int64_t r = 0; r < height; ++r) {
+              std::copy(c + (m + r) * ldc + n, c + (m + r) * ldc + n + width, out + r * ld);
+            }
           }
           if (first_block) {
             Tile<false>(block, packed_rows.data() + m * block, panel.data(), out, ld, tile_bias);
