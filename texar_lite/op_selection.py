@@ -166,34 +166,21 @@ def choose_ops(device, precision, cell_missing=None, loss_missing=None, tf_ops=(
     asked = set(tf_ops)
     if isinstance(tf_ops, str) or not asked <= set(PARTS):
         raise ValueError(f"tf_ops {tf_ops!r}: expected a collection of {', '.join(PARTS)}, e.g. ('loss',)")
-    if "cell" in asked:
-        cell, cell_reason = TF_OPS, REASON_ASKED
-    elif kind == "GPU":
-        cell, cell_reason = TF_OPS, REASON_GPU
-    elif bf16 and bf16_products not in BF16_PRODUCTS:
-        cell, cell_reason = TF_OPS, reason_precision(precision)
-    elif cell_missing:
-        cell, cell_reason = TF_OPS, cell_missing
-    else:
-        cell, cell_reason = FUSED, reason_fused_bf16(bf16_products) if bf16 else REASON_FUSED_CELL
-    if "loss" in asked:
-        loss, loss_reason = TF_OPS, REASON_ASKED
-    elif kind == "GPU":
-        loss, loss_reason = TF_OPS, REASON_GPU
-    elif loss_missing:
-        loss, loss_reason = TF_OPS, loss_missing
-    else:
-        loss, loss_reason = FUSED, REASON_FUSED_LOSS
-    if "affine" in asked:
-        affine, affine_reason = TF_OPS, REASON_ASKED
-    elif kind == "GPU":
-        affine, affine_reason = TF_OPS, REASON_GPU
-    elif bf16:
-        affine, affine_reason = TF_OPS, reason_affine_precision(precision)
-    elif affine_missing:
-        affine, affine_reason = TF_OPS, affine_missing
-    else:
-        affine, affine_reason = FUSED, REASON_FUSED_AFFINE
+
+    def part(name, precision_reason, missing, fused_reason):
+        """(FUSED or TF_OPS, why) for one part: the first condition that rules its kernel out, in order."""
+        for ruled_out in (REASON_ASKED if name in asked else None, REASON_GPU if kind == "GPU" else None,
+                          precision_reason, missing):
+            if ruled_out:
+                return TF_OPS, ruled_out
+        return FUSED, fused_reason
+
+    bf16_cell = bf16_products in BF16_PRODUCTS
+    cell, cell_reason = part("cell", reason_precision(precision) if bf16 and not bf16_cell else None, cell_missing,
+                             reason_fused_bf16(bf16_products) if bf16 and bf16_cell else REASON_FUSED_CELL)
+    loss, loss_reason = part("loss", None, loss_missing, REASON_FUSED_LOSS)
+    affine, affine_reason = part("affine", reason_affine_precision(precision) if bf16 else None, affine_missing,
+                                 REASON_FUSED_AFFINE)
     products = bf16_products if bf16 and cell == FUSED else ""
     return OpChoice(kind, precision, cell, cell_reason, loss, loss_reason, products, affine, affine_reason)
 
