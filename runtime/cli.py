@@ -83,6 +83,11 @@ def build_parser(distributed):
                              "instead of splitting every op over the threads (BENCHMARKS.md has the measurements); "
                              "auto: the fastest on this machine (under a launcher, for a rank's share of its "
                              "host and of the batch), timed once per config and kept (runtime/tuning.py)")
+    parser.add_argument("--affine_products", choices=("fused", "tf", "auto"), default=defaults.affine_products,
+                        help="the affine layers' float32 products on CPU (the softmax layer, the LSTM layers' input "
+                             "projections): fused: the suite's own ops (texar_lite/kernels/affine.cc); tf: "
+                             "TensorFlow's MatMul; auto: whichever runs this machine's step faster, timed once per "
+                             "config and kept, with the row groups when --row_groups is auto too")
     parser.add_argument("-l", "--log-path", dest="log_path", default=None, help="also write the log to this file")
     if distributed:
         group = parser.add_argument_group("Horovod")

@@ -160,7 +160,8 @@ def _prepare(args, ctx):
         output_dir=args.output_dir, seed=args.seed, eval_mode=args.eval_mode, resume=args.resume,
         max_steps_per_epoch=args.max_steps_per_epoch, keep_checkpoints=args.keep_checkpoints,
         checkpoint_every=args.checkpoint_every, row_groups=args.row_groups,
-        row_groups_reason=getattr(args, "row_groups_reason", ""))
+        row_groups_reason=getattr(args, "row_groups_reason", ""), affine_products=args.affine_products,
+        affine_reason=getattr(args, "affine_reason", ""))
     if args.overwrite and args.resume:
         raise UsageError("--overwrite starts afresh and --resume continues: pass one of them")
     if args.overwrite and not args.output_dir_named:

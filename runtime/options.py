@@ -19,3 +19,9 @@ class RunOptions:
     cpu_threads: tuple = (0, 0)       # TensorFlow's (intra-op, inter-op) threads, for the log
     row_groups: int = 1               # the rank's rows run as this many independent groups (runtime/trainer.py)
     row_groups_reason: str = ""       # why, for the summary, when --row_groups auto chose (runtime/tuning.py)
+    affine_products: str = "fused"    # "fused" or "tf": which ops run the affine layers' products (op_selection)
+    affine_reason: str = ""           # why, for the summary, when --affine_products auto chose (runtime/tuning.py)
+
+    def tf_ops(self):
+        """The parts the model runs as TF ops where a fused kernel could (texar_lite/op_selection.py)."""
+        return ("affine",) if self.affine_products == "tf" else ()

@@ -9,10 +9,12 @@ from texar_lite import kernels
 log = logging.getLogger("lm_ptb")
 
 
-def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, row_groups=1, row_groups_reason=""):
+def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, row_groups=1, row_groups_reason="",
+                     affine_reason=""):
     """DeePMD-kit style block: where and how this run trains. ops: the op_selection.OpChoice
-    of the model it trains (which holds the precision); row_groups_reason: why --row_groups
-    auto chose row_groups (runtime/tuning.py). Collective: call on every rank."""
+    of the model it trains (which holds the precision); row_groups_reason and affine_reason:
+    why --row_groups auto and --affine_products auto chose (runtime/tuning.py). Collective:
+    call on every rank."""
     # An elastic worker may join a running world: no collective before training.
     elastic = ctx.elastic
     hosts = None if elastic else ctx.allgather_object(socket.gethostname(), name="summary_hosts")
@@ -33,7 +35,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
         ("precision", _precision(ops.precision)),
         ("LSTM cell", _lstm_cell(ops)),
         ("softmax loss", _softmax_loss(ops)),
-        ("affine products", _affine_products(ops)),
+        ("affine products", _affine_products(ops) + (f"; {affine_reason}" if affine_reason else "")),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),

@@ -106,9 +106,10 @@ def train_and_evaluate(config, data, ctx, options=None, callbacks=(), run_attemp
     opts = options or RunOptions()
     # Different seeds per rank on purpose: only rank 0's start, shared below,
     # makes the ranks agree, and a test checks that it does.
-    model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device)
+    model = LanguageModel(config, data.vocab_size, seed=opts.seed + 7919 * ctx.rank, device=opts.device,
+                          tf_ops=opts.tf_ops())
     summary.training_summary(ctx, *opts.cpu_threads, opts.device, versions(ctx), model.ops, opts.row_groups,
-                             opts.row_groups_reason)
+                             opts.row_groups_reason, opts.affine_reason)
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     checkpoint = TrainCheckpoint(model, optimizer, opts.output_dir, ctx, config, keep=opts.keep_checkpoints,

@@ -1,5 +1,6 @@
-"""--row_groups auto: the row groups, and with them the threads per op, that run
-this machine's training step fastest; measured once per machine and config, then kept.
+"""--row_groups auto and --affine_products auto: the row groups (and with them
+the threads per op) and the affine layers' products that run this machine's
+training step fastest; measured once per machine and config, then kept.
 
 One process either splits every op of its step over all its cores (one
 group), or runs its rows as G groups side by side with each op on cores / G
@@ -9,11 +10,19 @@ and the step's shapes, so it is measured: each candidate in a fresh process
 trainer's own step fed random ids. A candidate must beat one group by
 MARGIN to be picked, so noise does not flip the choice.
 
+The affine layers' float32 products run as the suite's own ops or as
+TensorFlow's MatMul (texar_lite/op_selection.py). Which is faster depends
+on the CPU's vector units and on the matmul library TensorFlow brings for
+it, so --affine_products auto times both, the same way; the fused ops are
+the baseline that TF's MatMul must beat by MARGIN. With both flags at auto
+every pair is timed.
+
 The groups change the order in which the step adds its rows' gradients: one
-process with G groups computes what G ranks compute (runtime/reduction.py).
-So the choice is made once and kept in RECORD_NAME, in the user's cache
+process with G groups computes what G ranks compute (runtime/reduction.py);
+the two kinds of products round differently. So the choice is made once and
+kept in RECORD_NAME, in the user's cache
 folder, keyed by what decides it: the CPU, the cores, TensorFlow, the fused
-kernels' build, the step's shapes and precision. Every later run on the same
+kernels' build, the step's shapes and precision, and the candidates. Every later run on the same
 machine and config reads the same choice, and the training summary says
 what it is and the times it rests on. Remove the record to measure again.
 
@@ -41,9 +50,14 @@ import filelock
 from core.atomic_files import atomic_write
 from core.errors import ERROR_EXIT, USAGE_EXIT, exit_code
 from runtime.context import available_cores, elastic_job, launcher_sizes
+from runtime.options import RunOptions
 
 AUTO = "auto"
-RECORD_NAME = "row_groups.json"
+# --affine_products: the suite's own ops first, the baseline.
+AFFINE_PRODUCTS = ("fused", "tf")
+# What a candidate sets, in the order of its pair.
+SETTINGS = ("row groups", "affine products")
+RECORD_NAME = "step_choices.json"
 # The least gain over one group that picks more groups.
 MARGIN = 0.03
 ROUNDS = 2
@@ -83,9 +97,18 @@ def _kernels_build():
     return digest.hexdigest()[:16]
 
 
-def record_key(config, core_count, rows):
+def affine_products(config):
+    """The --affine_products candidates for this config's step on CPU: both where the fused ops can
+    run it (float32, library built), else only the fused request, which op_selection turns into TF
+    ops with its own reason."""
+    from texar_lite.op_selection import FUSED, ops_for
+    return list(AFFINE_PRODUCTS) if ops_for("CPU", config["precision"]).affine == FUSED else ["fused"]
+
+
+def record_key(config, core_count, rows, candidates_timed):
     """What decides the choice, as a string: the same on every run of this machine and config
-    (core_count and rows: a rank's share of the cores and of the batch)."""
+    (core_count and rows: a rank's share of the cores and of the batch; candidates_timed: the
+    (row groups, affine products) pairs to choose from)."""
     from texar_lite import kernels
     import tensorflow as tf
     cell = config["cell"]
@@ -95,13 +118,13 @@ def record_key(config, core_count, rows):
         "tensorflow": tf.__version__, "kernels": _kernels_build(),
         "rows": rows, "num_steps": config["num_steps"], "emb": config["emb"]["dim"],
         "units": cell["kwargs"]["num_units"], "layers": cell["num_layers"], "vocab": config["vocab_size"],
-        "precision": config["precision"]}, sort_keys=True)
+        "precision": config["precision"], "candidates": [list(pair) for pair in candidates_timed]}, sort_keys=True)
 
 
-def measure_step(config_name, overrides, row_groups, world_size=1, local_size=1):
-    """Median ms of the trainer's step on random ids with `row_groups` groups, as one of
-    world_size ranks (its rows) with local_size on its host (its cores); call in a fresh
-    process (it sets TensorFlow's threads)."""
+def measure_step(config_name, overrides, row_groups, world_size=1, local_size=1, affine="fused"):
+    """Median ms of the trainer's step on random ids with `row_groups` groups and the `affine`
+    products, as one of world_size ranks (its rows) with local_size on its host (its cores);
+    call in a fresh process (it sets TensorFlow's threads)."""
     import numpy as np
     import tensorflow as tf
 
@@ -114,7 +137,7 @@ def measure_step(config_name, overrides, row_groups, world_size=1, local_size=1)
     config = config_lib.load_config(config_name, overrides)
     ctx = context.LocalContext()
     plan = BatchPlan.from_config(config, world_size)
-    model = LanguageModel(config, config["vocab_size"], seed=1)
+    model = LanguageModel(config, config["vocab_size"], seed=1, tf_ops=RunOptions(affine_products=affine).tf_ops())
     optimizer = optimization.get_optimizer(config["opt"])
     optimizer.build(model.trainable_variables)
     step = trainer.make_train_step(model, optimizer, config, ctx, plan, seed=1, row_groups=row_groups)
@@ -134,116 +157,171 @@ def measure_step(config_name, overrides, row_groups, world_size=1, local_size=1)
     return statistics.median(windows)
 
 
-def _measure_in_fresh_process(config_name, overrides, row_groups, sizes=(1, 1)):
-    task = json.dumps({"config": config_name, "set": list(overrides), "row_groups": row_groups, "sizes": sizes})
+def _measure_in_fresh_process(config_name, overrides, candidate, sizes=(1, 1)):
+    row_groups, affine = candidate
+    task = json.dumps({"config": config_name, "set": list(overrides), "row_groups": row_groups, "affine": affine,
+                       "sizes": sizes})
     # In the caller's folder, where a config given as a path is found.
     path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    what = f"the step with {row_groups} row groups and the {affine} affine products"
     try:
         done = subprocess.run([sys.executable, "-m", "runtime.tuning", "--measure", task], capture_output=True,
                               text=True, env={**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2"},
                               timeout=MEASURE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"timing {row_groups} row groups took over {MEASURE_TIMEOUT_S} s") from None
+        raise RuntimeError(f"timing {what} took over {MEASURE_TIMEOUT_S} s") from None
     if done.returncode != 0:
         last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or [f"exit status {done.returncode}"]
-        raise RuntimeError(f"timing {row_groups} row groups failed ({last[0].strip()})")
+        raise RuntimeError(f"timing {what} failed ({last[0].strip()})")
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def measure(config_name, overrides, group_counts, sizes=(1, 1), measure_one=_measure_in_fresh_process):
-    """{groups: the median of its rounds' ms per step}, the candidates alternating in ROUNDS rounds;
-    sizes: (world, local) ranks, as launcher_sizes gives them."""
-    times = {groups: [] for groups in group_counts}
+def measure(config_name, overrides, candidates_timed, sizes=(1, 1), measure_one=_measure_in_fresh_process):
+    """{(row groups, affine products): the median of its rounds' ms per step}, the candidates
+    alternating in ROUNDS rounds; sizes: (world, local) ranks, as launcher_sizes gives them."""
+    rounds = {candidate: [] for candidate in candidates_timed}
     for _ in range(ROUNDS):
-        for groups in group_counts:
-            times[groups].append(measure_one(config_name, overrides, groups, sizes))
-    return {groups: statistics.median(values) for groups, values in times.items()}
+        for candidate in candidates_timed:
+            rounds[candidate].append(measure_one(config_name, overrides, candidate, sizes))
+    return {candidate: statistics.median(values) for candidate, values in rounds.items()}
 
 
-def pick(ms_by_groups):
-    """The fastest candidate, unless it beats one group by less than MARGIN."""
-    fastest = min(ms_by_groups, key=ms_by_groups.get)
-    return fastest if ms_by_groups[fastest] <= ms_by_groups[1] * (1 - MARGIN) else 1
+def pick(ms_by_candidate, baseline):
+    """The fastest candidate, unless it beats the baseline by less than MARGIN."""
+    fastest = min(ms_by_candidate, key=ms_by_candidate.get)
+    return fastest if ms_by_candidate[fastest] <= ms_by_candidate[baseline] * (1 - MARGIN) else baseline
+
+
+def _varied(candidates_timed):
+    """Which of the two settings take more than one value among the candidates."""
+    return [name for index, name in enumerate(SETTINGS) if len({pair[index] for pair in candidates_timed}) > 1]
+
+
+def _label(candidate, varied):
+    return " ".join(str(value) for value, name in zip(candidate, SETTINGS) if name in varied)
+
+
+def times(entry, path):
+    """The times a choice read from the record at `path` rests on, as the summary says them."""
+    def order(label):  # as they were timed: the record keeps its keys sorted as text
+        return [int(part) if part.isdigit() else AFFINE_PRODUCTS.index(part) for part in label.split()]
+
+    listed = ", ".join(f"{label}: {entry['ms'][label]:.1f} ms" for label in sorted(entry["ms"], key=order))
+    return (f"a step by {' and '.join(entry['varied'])} on this machine, {listed}; "
+            f"measured {entry['measured']}, kept in {path}")
 
 
 def describe(entry, path):
     """The training summary's "row groups" value for a choice read from the record at `path`."""
-    if not entry["ms"]:
+    if "row groups" not in entry["varied"]:
         return f"1 (--row_groups auto: one core or one row here, so nothing to choose; kept in {path})"
-    times = ", ".join(f"{groups}: {ms:.1f} ms" for groups, ms in sorted(
-        (int(groups), ms) for groups, ms in entry["ms"].items()))
-    return (f"{entry['row_groups']} (--row_groups auto: a step by row groups on this machine, {times}; "
-            f"measured {entry['measured']}, kept in {path})")
+    return f"{entry['row_groups']} (--row_groups auto: {times(entry, path)})"
 
 
 def resolve(args):
-    """Turns --row_groups auto into a number (args.row_groups) and sets the summary's
-    reason (args.row_groups_reason): from the record, or measured now and recorded.
-    Exits with one line when the record's folder cannot be written or a measurement fails,
-    or when a launcher does not say how many ranks share a host."""
-    args.row_groups_reason = ""
-    if args.row_groups != AUTO:
+    """Turns --row_groups auto into a number (args.row_groups) and --affine_products auto into
+    fused or tf, and sets the summary's reasons (args.row_groups_reason, args.affine_reason):
+    from the record, or measured now and recorded. Exits with one line when the record's folder
+    cannot be written or a measurement fails, or when a launcher does not say how many ranks
+    share a host."""
+    args.row_groups_reason = args.affine_reason = ""
+    groups_auto, affine_auto = args.row_groups == AUTO, args.affine_products == AUTO
+    if not (groups_auto or affine_auto):
         return args.row_groups
     from runtime import config as config_lib
     from runtime.cli import error_status
     from runtime.plan import BatchPlan
+    asked, _, fix = _flags(groups_auto, affine_auto)
     sizes = launcher_sizes() if args.distributed else (1, 1)
     why = ("this launcher does not say how many ranks share a host" if sizes is None else
            "an elastic job's hosts come and go" if args.distributed and elastic_job() else None)
     if why:
-        sys.exit(error_status(f"--row_groups auto: {why}; give --row_groups a number", USAGE_EXIT))
+        sys.exit(error_status(f"{asked}: {why}; {fix}", USAGE_EXIT))
     try:
         config = config_lib.load_config(args.config, args.set)
         rows = BatchPlan.from_config(config, sizes[0]).rows_per_rank
-    except Exception as err:  # the run reports the config's error itself, in its one line
+    except Exception as err:
         if exit_code(err) is None:
             raise
-        args.row_groups = 1
-        return 1
+        rows = 0
+    if not rows or not (groups_auto or 1 <= args.row_groups <= rows):
+        # A config, or a number of groups, that the run refuses itself in its one line.
+        args.row_groups = 1 if groups_auto else args.row_groups
+        args.affine_products = "fused" if affine_auto else args.affine_products
+        return args.row_groups
     core_count = max(1, available_cores() // sizes[1])
-    key = record_key(config, core_count, rows)
+    candidates_timed = [(groups, affine) for groups in (candidates(core_count, rows) if groups_auto
+                                                         else [args.row_groups])
+                        for affine in (affine_products(config) if affine_auto else [args.affine_products])]
+    key = record_key(config, core_count, rows, candidates_timed)
     path = os.path.join(cache_dir(), RECORD_NAME)
     try:
         os.makedirs(cache_dir(), exist_ok=True)
         with filelock.FileLock(path + ".lock"):
-            entry = _recorded_or_measured(args, config, key, path, core_count, rows, sizes)
+            entry = _recorded_or_measured(args, asked, key, path, candidates_timed, sizes)
     except OSError as err:
-        sys.exit(error_status(f"--row_groups auto keeps its measurement in {cache_dir()}, which is not writable "
-                              f"({err.strerror}); set XDG_CACHE_HOME to a folder you can write to, or give "
-                              "--row_groups a number", USAGE_EXIT))
+        sys.exit(error_status(f"{asked} keeps its measurement in {cache_dir()}, which is not writable "
+                              f"({err.strerror}); set XDG_CACHE_HOME to a folder you can write to, or {fix}",
+                              USAGE_EXIT))
     except RuntimeError as err:
-        sys.exit(error_status(f"--row_groups auto: {err}; give --row_groups a number", ERROR_EXIT))
-    args.row_groups, args.row_groups_reason = entry["row_groups"], describe(entry, path)
+        sys.exit(error_status(f"{asked}: {err}; {fix}", ERROR_EXIT))
+    args.row_groups, args.affine_products = entry["row_groups"], entry["affine_products"]
+    if groups_auto:
+        args.row_groups_reason = describe(entry, path)
+    if affine_auto:
+        args.affine_reason = "--affine_products auto: " + (
+            times(entry, path) if "affine products" in entry["varied"]
+            else "the fused ops cannot run this step, so nothing to choose")
     return args.row_groups
 
 
-def _recorded_or_measured(args, config, key, path, core_count, rows, sizes):
+def _recorded_or_measured(args, asked, key, path, candidates_timed, sizes):
     records = _read(path)
     if key in records:
         return records[key]
-    group_counts, ms = candidates(core_count, rows), {}
-    if len(group_counts) > 1:
-        print(f"--row_groups auto: timing {', '.join(map(str, group_counts))} row groups on this machine, once for "
-              f"this config ({len(group_counts) * ROUNDS} short runs)", file=sys.stderr, flush=True)
-        ms = measure(args.config, args.set, group_counts, sizes)
-    entry = {"row_groups": pick(ms) if ms else 1, "ms": {str(groups): round(value, 2) for groups, value in ms.items()},
+    varied, ms = _varied(candidates_timed), {}
+    if varied:
+        groups = sorted({groups for groups, _ in candidates_timed})
+        named = ([f"{', '.join(map(str, groups))} row groups"] if "row groups" in varied else []) + \
+            ([f"the {' and '.join(AFFINE_PRODUCTS)} affine products"] if "affine products" in varied else [])
+        print(f"{asked}: timing {', each with '.join(named)} on this machine, once for this config "
+              f"({len(candidates_timed) * ROUNDS} short runs)", file=sys.stderr, flush=True)
+        ms = measure(args.config, args.set, candidates_timed, sizes)
+    row_groups, affine = pick(ms, candidates_timed[0]) if ms else candidates_timed[0]
+    entry = {"row_groups": row_groups, "affine_products": affine, "varied": varied,
+             "ms": {_label(candidate, varied): round(value, 2) for candidate, value in ms.items()},
              "measured": datetime.date.today().isoformat()}
     records[key] = entry
     atomic_write(path, (json.dumps(records, indent=1, sort_keys=True) + "\n").encode())
     return entry
 
 
+def _flags(groups_auto, affine_auto):
+    """(the flags at auto, the settings they choose, how to choose by hand), for the messages."""
+    flags = [flag for flag, auto in ((("--row_groups auto", "row groups", "--row_groups a number"), groups_auto),
+                                     (("--affine_products auto", "affine products", "--affine_products fused or tf"),
+                                      affine_auto)) if auto]
+    asked, what, fix = (" and ".join(parts) for parts in zip(*flags))
+    return asked, what, "give " + fix
+
+
 def mismatch(ctx, options):
-    """Under a launcher, after --row_groups auto chose on every host: one line naming the ranks'
-    choices where they differ, else None. Collective: every rank calls it."""
-    if not (ctx.distributed and options.row_groups_reason):
+    """Under a launcher, after --row_groups auto or --affine_products auto chose on every host: one
+    line naming the ranks' choices where they differ, else None. Collective: every rank calls it."""
+    auto = [bool(options.row_groups_reason), bool(options.affine_reason)]
+    if not (ctx.distributed and any(auto)):
         return None
-    chosen = ctx.allgather_object(options.row_groups, name="row_groups_auto")
+    chosen = ctx.allgather_object((options.row_groups, options.affine_products), name="tuning_auto")
     if len(set(chosen)) == 1:
         return None
-    ranks = ", ".join(f"rank {rank}: {groups}" for rank, groups in enumerate(chosen))
-    return (f"--row_groups auto chose differently on the hosts ({ranks}), and every rank must run the same row "
-            "groups: give --row_groups a number")
+    asked, what, fix = _flags(*auto)
+
+    def said(choice):
+        values = [value for value, on in zip(choice, auto) if on]
+        return str(values[0]) if len(values) == 1 else f"{values[0]} row groups, the {values[1]} affine products"
+
+    ranks = ", ".join(f"rank {rank}: {said(choice)}" for rank, choice in enumerate(chosen))
+    return f"{asked} chose differently on the hosts ({ranks}), and every rank must run the same {what}: {fix}"
 
 
 def _read(path):
@@ -257,10 +335,12 @@ def _read(path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Times one candidate for --row_groups auto (runtime/tuning.py).")
+    parser = argparse.ArgumentParser(
+        description="Times one candidate for --row_groups auto and --affine_products auto (runtime/tuning.py).")
     parser.add_argument("--measure", required=True, metavar="JSON")
     task = json.loads(parser.parse_args(argv).measure)
-    print(f"{measure_step(task['config'], task['set'], task['row_groups'], *task['sizes']):.4f}", flush=True)
+    print(f"{measure_step(task['config'], task['set'], task['row_groups'], *task['sizes'], task['affine']):.4f}",
+          flush=True)
     return 0
 
 

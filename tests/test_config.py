@@ -313,7 +313,7 @@ def test_cli_rejects_a_bad_override_with_status_2_and_one_line(tmp_path, synthet
 
 COMMON_OPTIONS = ["-h", "--help", "--config", "--data_path", "--output_dir", "--set", "--seed", "--resume",
                   "--overwrite", "--keep_checkpoints", "--max_steps_per_epoch", "--checkpoint_every", "--row_groups",
-                  "-l", "--log-path"]
+                  "--affine_products", "-l", "--log-path"]
 HOROVOD_OPTIONS = ["-m", "--mpi-log", "--eval_mode", "--fp16_allreduce", "--sparse_as_dense", "--allreduce",
                    "--commit_every", "--hang_timeout"]
 

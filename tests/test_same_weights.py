@@ -88,12 +88,14 @@ def test_a_mid_epoch_resume_of_2_ranks_equals_one_process(corpus, one_process, t
     assert set(results["weights_digest_per_rank"]) == {want["weights"]}
 
 
-def test_bf16_2_ranks_equal_one_process_with_2_row_groups(synthetic_corpus, tmp_path):
-    """mixed_bfloat16: the fused bf16 LSTM ops (or the TF-op cell where the CPU has no bf16)
-    keep each row's sums in one order too."""
+@pytest.mark.parametrize("extra", [["--set", "precision=mixed_bfloat16"], ["--affine_products", "tf"]],
+                         ids=["bf16", "tf_matmul"])
+def test_2_ranks_equal_one_process_with_2_row_groups_in_other_ops(extra, synthetic_corpus, tmp_path):
+    """mixed_bfloat16 (the fused bf16 LSTM ops, or the TF-op cell where the CPU has no bf16),
+    and the affine products as TensorFlow's MatMul: each keeps its rows' sums in one order too."""
     outcomes = []
     for ranks, out in ((0, tmp_path / "one"), (2, tmp_path / "two")):
-        args = _args(synthetic_corpus[0], out, "--set", "precision=mixed_bfloat16")
+        args = _args(synthetic_corpus[0], out, *extra)
         result = mpirun(2, args, timeout=400, hooks=_record(out)) if ranks else \
             lm_ptb([*args, "--row_groups", "2"], timeout=300, hooks=_record(out))
         assert result.returncode == 0, result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""--row_groups auto (runtime/tuning.py): the candidates, the pick, the kept record, and the errors."""
+"""--row_groups auto and --affine_products auto (runtime/tuning.py): the candidates, the pick, the kept
+record, and the errors."""
 import json
 import os
 
@@ -18,10 +19,11 @@ def test_candidates_go_up_to_twice_the_cores_and_keep_a_row_per_group():
 
 
 def test_more_groups_only_when_faster_by_the_margin():
-    assert tuning.pick({1: 30.0, 2: 27.0}) == 2
-    assert tuning.pick({1: 30.0, 2: 29.5}) == 1  # 1.7 % faster: inside the noise margin
-    assert tuning.pick({1: 30.0, 2: 31.0}) == 1
-    assert tuning.pick({1: 30.0, 2: 25.0, 4: 26.0}) == 2
+    assert tuning.pick({1: 30.0, 2: 27.0}, 1) == 2
+    assert tuning.pick({1: 30.0, 2: 29.5}, 1) == 1  # 1.7 % faster: inside the noise margin
+    assert tuning.pick({1: 30.0, 2: 31.0}, 1) == 1
+    assert tuning.pick({1: 30.0, 2: 25.0, 4: 26.0}, 1) == 2
+    assert tuning.pick({(1, "fused"): 30.0, (1, "tf"): 29.5, (2, "tf"): 31.0}, (1, "fused")) == (1, "fused")
 
 
 def _args(*extra):
@@ -33,16 +35,16 @@ def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_pat
     monkeypatch.setattr(tuning, "available_cores", lambda: 2)
     calls = []
 
-    def measure(config, overrides, group_counts, sizes=(1, 1)):
-        calls.append((config, list(overrides), group_counts))
+    def measure(config, overrides, candidates_timed, sizes=(1, 1)):
+        calls.append((config, list(overrides), candidates_timed))
         assert sizes == (1, 1)
-        return {1: 30.0, 2: 27.0, 4: 28.0}
+        return dict(zip(candidates_timed, [30.0, 27.0, 28.0]))
 
     monkeypatch.setattr(tuning, "measure", measure)
     args = _args()
     assert tuning.resolve(args) == 2 and args.row_groups == 2
     path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
-    assert calls == [(TINY_CONFIG, [], [1, 2, 4])]
+    assert calls == [(TINY_CONFIG, [], [(1, "fused"), (2, "fused"), (4, "fused")])]
     assert "--row_groups auto: timing 1, 2, 4 row groups on this machine" in capsys.readouterr().err
     measured = json.loads(path.read_text()).popitem()[1]["measured"]
     assert args.row_groups_reason == (f"2 (--row_groups auto: a step by row groups on this machine, 1: 30.0 ms, "
@@ -55,12 +57,13 @@ def test_auto_measures_once_per_config_and_keeps_the_choice(monkeypatch, tmp_pat
     assert len(calls) == 2 and len(json.loads(path.read_text())) == 2
     fixed = cli.parse_args(["--config", TINY_CONFIG, "--row_groups", "3"])
     assert tuning.resolve(fixed) == 3 and fixed.row_groups_reason == "" and len(calls) == 2
+    assert args.affine_products == fixed.affine_products == "fused" and args.affine_reason == ""
 
 
 def test_a_damaged_record_is_measured_again_and_rewritten_whole(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(tuning, "available_cores", lambda: 2)
-    monkeypatch.setattr(tuning, "measure", lambda *_: {1: 30.0, 2: 31.0})
+    monkeypatch.setattr(tuning, "measure", lambda *_: {(1, "fused"): 30.0, (2, "fused"): 31.0})
     path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
     path.parent.mkdir()
     path.write_text('{"half a reco')
@@ -128,9 +131,9 @@ def test_under_a_launcher_auto_times_a_ranks_share_of_the_rows_and_the_cores(mon
     monkeypatch.setattr(tuning, "available_cores", lambda: 8)
     calls = []
 
-    def measure(config, overrides, group_counts, sizes=(1, 1)):
-        calls.append((group_counts, sizes))
-        return {groups: 30.0 - groups for groups in group_counts}
+    def measure(config, overrides, candidates_timed, sizes=(1, 1)):
+        calls.append(([groups for groups, _ in candidates_timed], sizes))
+        return {(groups, affine): 30.0 - groups for groups, affine in candidates_timed}
 
     monkeypatch.setattr(tuning, "measure", measure)
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
@@ -177,10 +180,19 @@ class _Ranks:
 
 def test_the_ranks_choices_must_agree():
     auto = RunOptions(row_groups=2, row_groups_reason="2 (--row_groups auto: ...)")
-    assert tuning.mismatch(_Ranks([2, 2, 2]), auto) is None
-    assert tuning.mismatch(_Ranks([2, 1, 2]), auto) == (
+    assert tuning.mismatch(_Ranks([(2, "fused")] * 3), auto) is None
+    assert tuning.mismatch(_Ranks([(2, "fused"), (1, "fused"), (2, "fused")]), auto) == (
         "--row_groups auto chose differently on the hosts (rank 0: 2, rank 1: 1, rank 2: 2), and every rank must "
         "run the same row groups: give --row_groups a number")
+    affine = RunOptions(affine_products="tf", affine_reason="--affine_products auto: ...")
+    assert tuning.mismatch(_Ranks([(1, "tf"), (1, "fused")]), affine) == (
+        "--affine_products auto chose differently on the hosts (rank 0: tf, rank 1: fused), and every rank must "
+        "run the same affine products: give --affine_products fused or tf")
+    both = RunOptions(row_groups=2, row_groups_reason="2 (...)", affine_products="tf", affine_reason="(...)")
+    assert tuning.mismatch(_Ranks([(2, "tf"), (2, "fused")]), both) == (
+        "--row_groups auto and --affine_products auto chose differently on the hosts (rank 0: 2 row groups, the tf "
+        "affine products, rank 1: 2 row groups, the fused affine products), and every rank must run the same row "
+        "groups and affine products: give --row_groups a number and --affine_products fused or tf")
     # A number given, or one process: nothing was chosen per host, and no collective runs.
     assert tuning.mismatch(_Ranks(None), RunOptions(row_groups=2)) is None
     assert tuning.mismatch(context.LocalContext(), auto) is None
@@ -189,10 +201,12 @@ def test_the_ranks_choices_must_agree():
 def _seed_record(cache, rows, cores, groups):
     """A record that says `groups` for the tiny config at those rows and cores, as a host's earlier run left it."""
     from runtime.config import load_config
-    key = tuning.record_key(load_config(TINY_CONFIG, []), cores, rows)
+    key = tuning.record_key(load_config(TINY_CONFIG, []), cores, rows,
+                            [(n, "fused") for n in tuning.candidates(cores, rows)])
     path = cache / "lm_ptb" / tuning.RECORD_NAME
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({key: {"row_groups": groups, "ms": {"1": 30.0, "2": 20.0}, "measured": "2026-01-01"}}))
+    path.write_text(json.dumps({key: {"row_groups": groups, "affine_products": "fused", "varied": ["row groups"],
+                                      "ms": {"1": 30.0, "2": 20.0}, "measured": "2026-01-01"}}))
     return str(path)
 
 
@@ -251,13 +265,120 @@ def test_lm_ptb_times_the_candidates_then_reads_its_record(synthetic_corpus, tmp
 def test_a_failed_measurement_exits_1_with_its_last_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(tuning, "available_cores", lambda: 2)
-    monkeypatch.setattr(tuning, "measure", lambda config, overrides, counts, sizes: {
-        groups: tuning._measure_in_fresh_process(config, overrides + ["no_such_key=1"], groups) for groups in counts})
+    monkeypatch.setattr(tuning, "measure", lambda config, overrides, candidates_timed, sizes: {
+        pair: tuning._measure_in_fresh_process(config, overrides + ["no_such_key=1"], pair)
+        for pair in candidates_timed})
     with pytest.raises(SystemExit) as exit_:
         tuning.resolve(_args())
     assert exit_.value.code == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("--row_groups auto: timing 1, 2, 4 row groups")
-    assert len(err) == 2 and err[1].startswith("error: --row_groups auto: timing 1 row groups failed (")
+    assert len(err) == 2 and err[1].startswith(
+        "error: --row_groups auto: timing the step with 1 row groups and the fused affine products failed (")
     assert "no_such_key" in err[1] and err[1].endswith("); give --row_groups a number")
     assert not (tmp_path / "lm_ptb" / tuning.RECORD_NAME).exists()
+
+
+def _affine_args(*extra):
+    return cli.parse_args(["--config", TINY_CONFIG, "--affine_products", "auto", *extra])
+
+
+def test_affine_auto_keeps_the_fused_ops_unless_tf_beats_them_by_the_margin(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "available_cores", lambda: 2)
+    calls, ms = [], {1: [30.0, 29.5], 2: [30.0, 28.0]}
+
+    def measure(config, overrides, candidates_timed, sizes=(1, 1)):
+        calls.append(candidates_timed)
+        return dict(zip(candidates_timed, ms[candidates_timed[0][0]]))
+
+    monkeypatch.setattr(tuning, "measure", measure)
+    args = _affine_args("--row_groups", "2")
+    assert tuning.resolve(args) == 2 and args.affine_products == "tf" and args.row_groups_reason == ""
+    assert calls == [[(2, "fused"), (2, "tf")]]
+    assert capsys.readouterr().err == ("--affine_products auto: timing the fused and tf affine products on this "
+                                       "machine, once for this config (4 short runs)\n")
+    path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
+    measured = json.loads(path.read_text()).popitem()[1]["measured"]
+    assert args.affine_reason == ("--affine_products auto: a step by affine products on this machine, fused: 30.0 "
+                                  f"ms, tf: 28.0 ms; measured {measured}, kept in {path}")
+    one_group = _affine_args("--row_groups", "1")
+    assert tuning.resolve(one_group) == 1 and one_group.affine_products == "fused"  # 1.7 % faster: the noise's
+    assert calls[-1] == [(1, "fused"), (1, "tf")]
+    again = _affine_args("--row_groups", "2")
+    assert tuning.resolve(again) == 2 and again.affine_products == "tf" and again.affine_reason == args.affine_reason
+    assert len(calls) == 2
+
+
+def test_both_at_auto_time_every_pair(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "available_cores", lambda: 8)
+    monkeypatch.setattr(tuning, "measure", lambda config, overrides, candidates_timed, sizes: dict(
+        zip(candidates_timed, [30.0, 31.0, 27.0, 26.0, 29.0, 33.0, 30.0, 30.0, 40.0, 40.0])))
+    args = _affine_args("--row_groups", "auto")
+    assert tuning.resolve(args) == 2 and args.affine_products == "tf"
+    assert capsys.readouterr().err == (
+        "--row_groups auto and --affine_products auto: timing 1, 2, 4, 8, 16 row groups, each with the fused and tf "
+        "affine products on this machine, once for this config (20 short runs)\n")
+    path = tmp_path / "lm_ptb" / tuning.RECORD_NAME
+    (entry,) = json.loads(path.read_text()).values()
+    times = ("a step by row groups and affine products on this machine, 1 fused: 30.0 ms, 1 tf: 31.0 ms, 2 fused: "
+             "27.0 ms, 2 tf: 26.0 ms, 4 fused: 29.0 ms, 4 tf: 33.0 ms, 8 fused: 30.0 ms, 8 tf: 30.0 ms, 16 fused: "
+             f"40.0 ms, 16 tf: 40.0 ms; measured {entry['measured']}, kept in {path}")
+    assert args.row_groups_reason == f"2 (--row_groups auto: {times})"
+    assert args.affine_reason == f"--affine_products auto: {times}"
+    # Read back from the record (its keys sorted as text), the times keep their order.
+    again = _affine_args("--row_groups", "auto")
+    assert tuning.resolve(again) == 2 and (again.row_groups_reason, again.affine_reason) == (
+        args.row_groups_reason, args.affine_reason)
+
+
+@pytest.mark.parametrize("why", ["bf16", "no library"])
+def test_affine_auto_has_nothing_to_choose_where_the_fused_ops_cannot_run(monkeypatch, tmp_path, why):
+    from texar_lite import kernels
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "measure", lambda *_: pytest.fail("measured with one candidate"))
+    extra = ["--set", "precision=mixed_bfloat16"] if why == "bf16" else []
+    if why == "no library":
+        monkeypatch.setattr(kernels, "AFFINE_MISSING", kernels.NOT_BUILT)
+    args = _affine_args(*extra)
+    assert tuning.resolve(args) == 1 and args.affine_products == "fused"
+    assert args.affine_reason == "--affine_products auto: the fused ops cannot run this step, so nothing to choose"
+
+
+def test_affine_auto_leaves_a_wrong_number_of_groups_to_the_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "measure", lambda *_: pytest.fail("measured"))
+    args = _affine_args("--row_groups", "0")
+    assert tuning.resolve(args) == 0 and args.affine_products == "fused"
+    assert not (tmp_path / "lm_ptb").exists()
+
+
+@pytest.mark.timeout(300)
+def test_lm_ptb_times_both_affine_products_and_runs_the_faster(synthetic_corpus, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    command = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), "--config", TINY_CONFIG, "--data_path", synthetic_corpus[0],
+               "--set", "num_epochs=1", "--max_steps_per_epoch", "2", "--row_groups", "1",
+               "--affine_products", "auto", "--output_dir", str(tmp_path / "a")]
+    run = run_command(command, timeout=280, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "--affine_products auto: timing the fused and tf affine products" in run.stderr
+    path = tmp_path / "cache" / "lm_ptb" / tuning.RECORD_NAME
+    (entry,) = json.loads(path.read_text()).values()
+    assert sorted(entry["ms"]) == ["fused", "tf"] and all(ms > 0 for ms in entry["ms"].values())
+    ops = {"fused": "fused kernel", "tf": "TF ops"}[entry["affine_products"]]
+    summary = [line for line in run.stdout.splitlines() if "affine products   " in line]
+    assert len(summary) == 1 and f"affine products       {ops} (" in summary[0]
+    assert summary[0].endswith(f"; --affine_products auto: {tuning.times(entry, str(path))}")
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["affine_products"] == ops
+
+
+def test_lm_ptb_runs_tf_matmul_when_asked(synthetic_corpus, tmp_path):
+    command = [PYTHON, os.path.join(ROOT, "lm_ptb.py"), "--config", TINY_CONFIG, "--data_path", synthetic_corpus[0],
+               "--set", "num_epochs=1", "--max_steps_per_epoch", "2", "--affine_products", "tf",
+               "--output_dir", str(tmp_path / "a")]
+    run = run_command(command, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [line.split("  ")[-1].strip() for line in run.stdout.splitlines() if "affine products   " in line] == [
+        "TF ops (asked for instead of the fused kernel)"]
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["affine_products"] == "TF ops"

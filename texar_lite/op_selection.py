@@ -42,7 +42,8 @@ products, bf16), the build (so that a GPU run is
 never told to run make setup for a kernel it would not use anyway). The build's reason is texar_lite/kernels' own: not
 built, or built for CPU flags this CPU lacks. The request (``tf_ops``) is
 how the benchmark's lever rows and the tests compare the fused kernels with
-the TF ops.
+the TF ops, and how ``--affine_products tf`` (or ``auto``, where TF's MatMul
+ran the step faster: runtime/tuning.py) runs the affine products.
 """
 import dataclasses
 import re
