@@ -99,5 +99,9 @@ def test_2_ranks_equal_one_process_with_2_row_groups_in_other_ops(extra, synthet
         result = mpirun(2, args, timeout=400, hooks=_record(out)) if ranks else \
             lm_ptb([*args, "--row_groups", "2"], timeout=300, hooks=_record(out))
         assert result.returncode == 0, result.stderr[-3000:]
-        outcomes.append(_outcome(out, max(ranks, 1)))
+        with open(os.path.join(out, "results.json")) as f:
+            affine = json.load(f)["affine_products"]
+        if "tf" in extra:  # as asked, in both runs
+            assert affine == "TF ops"
+        outcomes.append((affine, _outcome(out, max(ranks, 1))))
     assert outcomes[0] == outcomes[1]
