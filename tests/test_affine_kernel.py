@@ -7,8 +7,9 @@ import tensorflow as tf
 from texar_lite import decoder, kernels, op_selection
 
 # Rows, depth and columns around the tile's edges (6 or 14 rows, 16 or 32
-# columns), across depth blocks of 256, and the small config's softmax layer.
-SHAPES = [(1, 1, 1), (7, 5, 19), (13, 300, 33), (29, 513, 70), (400, 200, 1000)]
+# columns), across depth blocks of 704 (the kernel gradient's depth is the rows),
+# and the small config's softmax layer.
+SHAPES = [(1, 1, 1), (7, 5, 19), (13, 300, 33), (29, 513, 70), (29, 1409, 70), (1409, 13, 33), (400, 200, 1000)]
 
 
 def _ops():

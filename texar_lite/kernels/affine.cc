@@ -21,9 +21,13 @@
 // the right one as [2-packet panels][depth][2 packets]. The shared dimension
 // runs in blocks of kDepthBlock. For each, a thread packs all rows of the
 // left operand (the smaller one: the rows of a batch, or the layer's width),
-// which then stream from the second-level cache, and one panel of its
-// columns at a time, which stays in the first-level cache while every row
-// block passes over it.
+// which then stream from the caches, and one panel of its columns at a
+// time, which stays in a near cache while every row block passes over it.
+// Each depth block reads and writes the whole output once more, and at the
+// softmax layer's shapes the output outgrows the caches, so an extra pass
+// through memory costs more than a deeper block of the left operand does:
+// the block is deep enough for the configs' widths and batch rows (up to
+// 700) to take one pass.
 //
 // Sums: every output element is one chain of fused multiply-adds over the
 // shared dimension, first to last, started at zero. Between depth blocks the
@@ -68,7 +72,7 @@ constexpr int64_t kRows = 14;
 constexpr int64_t kRows = 6;
 #endif
 constexpr int64_t kColumns = 2 * kPacket;
-constexpr int64_t kDepthBlock = 256;
+constexpr int64_t kDepthBlock = 704;
 
 using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
