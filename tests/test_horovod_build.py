@@ -1,7 +1,10 @@
 """The Horovod build has what the suite needs; a broken build must fail here, loudly."""
 import os
+import signal
 import subprocess
+import time
 
+import psutil
 import pytest
 
 from conftest import PYTHON
@@ -24,6 +27,25 @@ def test_horovodrun_check_build_lists_the_frameworks():
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")).stdout
     for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
         assert line in out, out
+
+
+def test_horovodrun_ends_a_worker_shell_with_sigterm():
+    """Patch 12: when horovodrun ends a worker (its own exit, or a failed rank), its
+    middleman stops the worker's shell and sends it SIGTERM, which a stopped process only
+    receives once continued; unpatched, the shell lingered 5 s and was SIGKILLed. This
+    shell still has a command to run after its child, as an ssh client that has not
+    written since horovodrun died still has its session."""
+    from horovod.runner.common.util import safe_shell_exec
+    shell = subprocess.Popen(["sh", "-c", "sleep 100; sleep 100"])
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(shell.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        safe_shell_exec.terminate_executor_shell_and_children(shell.pid)
+        assert shell.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        shell.kill()
+        shell.wait()
 
 
 @pytest.mark.parametrize("version", ["3.9.18", "3.14.0"])
