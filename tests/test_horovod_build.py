@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from conftest import PYTHON
+from conftest import MPIRUN, PYTHON, ROOT, run_command
 
 
 def test_horovod_has_tensorflow_mpi_and_gloo():
@@ -46,6 +46,21 @@ def test_horovodrun_ends_a_worker_shell_with_sigterm():
     finally:
         shell.kill()
         shell.wait()
+
+
+@pytest.mark.timeout(240)
+def test_an_idle_jobs_horovod_threads_sleep_between_cycles():
+    """Patch 13: each cycle, Horovod's background thread coordinates with the other ranks in
+    one small allreduce. Unpatched, it counted the next cycle from before that allreduce, so
+    the rank that waited there a cycle long started the next at once and polled again: one
+    rank's threads took a whole core, which in training comes out of the ranks' compute on
+    the same cores. Patched, both ranks sleep the cycle."""
+    helper = os.path.join(ROOT, "tests", "helpers", "idle_horovod_cpu.py")
+    proc = run_command([*MPIRUN, "-np", "2", PYTHON, helper, "4"], timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = sorted(float(line.split(": ")[1].split()[0]) for line in proc.stdout.splitlines()
+                    if line.startswith("rank "))
+    assert len(shares) == 2 and shares[1] < 0.5, proc.stdout
 
 
 @pytest.mark.parametrize("version", ["3.9.18", "3.14.0"])
