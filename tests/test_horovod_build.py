@@ -53,8 +53,8 @@ def test_an_idle_jobs_horovod_threads_sleep_between_cycles():
     """Patch 13: each cycle, Horovod's background thread coordinates with the other ranks in
     one small allreduce. Unpatched, it counted the next cycle from before that allreduce, so
     the rank that waited there a cycle long started the next at once and polled again: one
-    rank's threads took a whole core, which in training comes out of the ranks' compute on
-    the same cores. Patched, both ranks sleep the cycle."""
+    rank's threads took a whole core, which on shared cores is the other work's. Patched,
+    both ranks sleep the cycle."""
     helper = os.path.join(ROOT, "tests", "helpers", "idle_horovod_cpu.py")
     proc = run_command([*MPIRUN, "-np", "2", PYTHON, helper, "4"], timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
