@@ -1,5 +1,5 @@
 """The report: the table, the levers, the goals and the scaling prediction, rendered as the generated
-block of BENCHMARKS.md for the run's CPU class (between its begin and end marks) or printed. Pure
+block of BENCHMARKS.md for the run's CPU (between its begin and end marks) or printed. Pure
 functions of a results dict, so `bench.py --report_from JSON` renders a saved run again.
 """
 import os
@@ -25,6 +25,21 @@ def cpu_class(results):
     """(class, its name) of the run's CPU, from the flags its CPU line names."""
     flags = set(re.findall(r"[a-z0-9_]+", results.get("cpu", "")))
     return next((key, name) for flag, key, name in CPU_CLASSES if not flag or flag in flags)
+
+
+def cpu_block(results):
+    """(marker key, section title) of the run's BENCHMARKS.md block: one per CPU class and model.
+    CPUs of one class differ in speed by model (Zen 2 and Zen 3 share AVX2, Zen 4 and Zen 5
+    AVX512_BF16), so a run on one model leaves another's figures and their reading in place. The
+    family and model numbers name the model; Intel's and AMD's families do not overlap."""
+    key, name = cpu_class(results)
+    cpu = results.get("cpu", "")
+    numbers = re.search(r"family (\d+), model (\d+)", cpu)
+    if not numbers:
+        return key, f"Measured on {name}"
+    family, model = numbers.groups()
+    return f"{key} family {family} model {model}", (f"Measured on {cpu.split(' (')[0]}, family {family} model "
+                                                    f"{model} ({name})")
 
 
 def _fmt(triple, digits=1):
@@ -347,7 +362,7 @@ def render(results, command):
     mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
     # The date alone, and the command without --json's file, which stays outside the tree.
     shown = re.sub(r" --json[= ]\S+", "", command)
-    begin = MARK_BEGIN.format(cpu_class(results)[0])
+    begin = MARK_BEGIN.format(cpu_block(results)[0])
     lines = [begin, "", f"Measured {results['started'].split()[0]} on {results['cores']} cores of "
              f"{results.get('cpu', 'an unrecorded CPU')} with `{shown}`. "
              f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...`; the rows "
@@ -391,7 +406,7 @@ def render(results, command):
     lines += ["| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {text} | {value} | {'yes' if met else 'no'} |" for text, value, met in goals(results)]
     lines += _render_scaling(results)
-    lines += ["", MARK_END.format(cpu_class(results)[0])]
+    lines += ["", MARK_END.format(cpu_block(results)[0])]
     return "\n".join(lines)
 
 
@@ -419,17 +434,17 @@ def _render_scaling(results):
 
 
 def write_report(results, command, path=os.path.join(ROOT, "BENCHMARKS.md")):
-    """Replaces the generated block of the run's CPU class in BENCHMARKS.md, keeping the hand-written
-    text around it; a class measured for the first time gets a section of its own at the end."""
+    """Replaces the generated block of the run's CPU in BENCHMARKS.md, keeping the hand-written text
+    around it; a CPU measured for the first time gets a section of its own at the end."""
     block = render(results, command)
-    key, name = cpu_class(results)
+    key, title = cpu_block(results)
     begin, end = MARK_BEGIN.format(key), MARK_END.format(key)
     text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
         text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + f"\n\n## Measured on {name}\n\n" + block + "\n"
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
 

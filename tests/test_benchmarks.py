@@ -214,13 +214,19 @@ def test_bench_medium_goals_take_the_median_of_the_rounds():
     assert got["medium step >= 80% of fp32 ceiling (2048^3)"] == ("87.0% (72.5% to 96.7% over 3 rounds)", True)
 
 
-def test_bench_writes_the_block_of_its_cpu_class(tmp_path, monkeypatch):
+def test_bench_writes_the_block_of_its_cpu_model(tmp_path, monkeypatch):
     path = tmp_path / "BENCHMARKS.md"
-    path.write_text("# Benchmarks\n\n<!-- bench:begin avx2 -->\nold avx2\n<!-- bench:end avx2 -->\n## Reading\n")
-    monkeypatch.setattr(report, "render", lambda results, command: f"<!-- bench:begin {report.cpu_class(results)[0]} "
-                        f"-->\n{command}\n<!-- bench:end {report.cpu_class(results)[0]} -->")
-    report.write_report({"cpu": "Xeon (amx_bf16)"}, "new amx", str(path))
-    report.write_report({"cpu": "EPYC (avx2, fma)"}, "new avx2", str(path))
-    assert path.read_text() == ("# Benchmarks\n\n<!-- bench:begin avx2 -->\nnew avx2\n<!-- bench:end avx2 -->\n"
-                                "## Reading\n\n## Measured on CPUs with AMX\n\n<!-- bench:begin amx -->\nnew amx\n"
-                                "<!-- bench:end amx -->\n")
+    path.write_text("# Benchmarks\n\n<!-- bench:begin avx2 family 23 model 1 -->\nold zen2\n"
+                    "<!-- bench:end avx2 family 23 model 1 -->\n## Reading\n")
+    monkeypatch.setattr(report, "render", lambda results, command: f"<!-- bench:begin {report.cpu_block(results)[0]} "
+                        f"-->\n{command}\n<!-- bench:end {report.cpu_block(results)[0]} -->")
+    report.write_report({"cpu": "Xeon (family 6, model 207, avx2, amx_bf16)"}, "new amx", str(path))
+    report.write_report({"cpu": "AMD EPYC (family 25, model 1, avx2, fma)"}, "new zen3", str(path))
+    report.write_report({"cpu": "AMD EPYC (family 23, model 1, avx2, fma)"}, "new zen2", str(path))
+    assert path.read_text() == (
+        "# Benchmarks\n\n<!-- bench:begin avx2 family 23 model 1 -->\nnew zen2\n"
+        "<!-- bench:end avx2 family 23 model 1 -->\n## Reading\n\n"
+        "## Measured on Xeon, family 6 model 207 (CPUs with AMX)\n\n"
+        "<!-- bench:begin amx family 6 model 207 -->\nnew amx\n<!-- bench:end amx family 6 model 207 -->\n\n"
+        "## Measured on AMD EPYC, family 25 model 1 (CPUs with AVX2)\n\n"
+        "<!-- bench:begin avx2 family 25 model 1 -->\nnew zen3\n<!-- bench:end avx2 family 25 model 1 -->\n")
