@@ -362,8 +362,8 @@ def render(results, command):
     mca = [arg for key, value in MCA.items() for arg in ("-mca", key, value)]
     # The date alone, and the command without --json's file, which stays outside the tree.
     shown = re.sub(r" --json[= ]\S+", "", command)
-    begin = MARK_BEGIN.format(cpu_block(results)[0])
-    lines = [begin, "", f"Measured {results['started'].split()[0]} on {results['cores']} cores of "
+    key = cpu_block(results)[0]
+    lines = [MARK_BEGIN.format(key), "", f"Measured {results['started'].split()[0]} on {results['cores']} cores of "
              f"{results.get('cpu', 'an unrecorded CPU')} with `{shown}`. "
              f"Horovod rows: `{shlex.join(MPIRUN + mca)} -np N python bench.py --worker ...`; the rows "
              "with collective times ran a second time with HOROVOD_TIMELINE=DYNAMIC, which slows the step, "
@@ -406,7 +406,7 @@ def render(results, command):
     lines += ["| goal | measured | met |", "|---|---|---|"]
     lines += [f"| {text} | {value} | {'yes' if met else 'no'} |" for text, value, met in goals(results)]
     lines += _render_scaling(results)
-    lines += ["", MARK_END.format(cpu_block(results)[0])]
+    lines += ["", MARK_END.format(key)]
     return "\n".join(lines)
 
 
