@@ -15,11 +15,13 @@ So every rank runs a thread of its own, outside MPI and Gloo:
   datagram from anyone else, altered, or sent again (a replay), is dropped;
 - a rank it has not heard from for `timeout` seconds has gone silent: the link
   is cut, or the rank is stopped or dead;
-- when no rank's progress count has moved for `timeout` seconds, some rank is
-  alive but stuck (a hung read, say): the one that entered the fewest
-  phases, or else whose count stopped first, is named. The first training
-  step of every epoch and of every elastic attempt, and the first
-  evaluation, may trace their functions, so they get TRACING_FACTOR times as long;
+- when no rank's progress count has moved for `timeout` seconds, a peer not
+  heard for a few heartbeats has gone silent (a link cut once the ranks had
+  stopped moving); with none, some rank is alive but stuck (a hung read,
+  say): the one that entered the fewest phases, or else whose count stopped
+  first, is named. The first training step of every epoch and of every
+  elastic attempt, and the first evaluation, may trace their functions, so
+  they get TRACING_FACTOR times as long;
 - when its launcher (mpirun, orted, horovodrun's middleman) dies, the rank is
   an orphan.
 In each case the rank ends itself with HANG_EXIT. The lowest rank that can
@@ -384,6 +386,11 @@ class Watchdog:
             return None
         with self.lock:
             silent = self._silent(now, limit)
+            if not silent and self._stalled(now, limit):
+                # Nothing has moved for the allowance, and a peer unheard for longer
+                # than any live, scheduled process takes is why: a link cut after
+                # the ranks stopped moving (at a rendezvous, say) is silence, not a hang.
+                silent = self._silent(now, self._gap())
             if silent:
                 first = silent[0]
                 names = self._names(silent)
@@ -403,12 +410,16 @@ class Watchdog:
             return None
         return message + "; horovodrun's driver cannot be reached either: this host is the one cut off", self.rank
 
+    def _stalled(self, now, limit):
+        """Whether no rank has moved for `limit`, or TRACING_FACTOR times it while
+        one traces (the lock held)."""
+        slow = any(s.get("slow") for s in self.state.values())
+        return now - max(self.moved.values()) > limit * (TRACING_FACTOR if slow else 1)
+
     def _stuck(self, now, limit):
         """The verdict on a world where every rank is heard but none moves (the lock held)."""
-        slow = any(s.get("slow") for s in self.state.values())
-        allowance = limit * (TRACING_FACTOR if slow else 1)
-        last_move = max(self.moved.values())
-        if now - last_move > allowance:
+        if self._stalled(now, limit):
+            last_move = max(self.moved.values())
             stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
             message = (f"{self._name(stuck)} is alive but has made no progress for "
                        f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "

@@ -94,6 +94,23 @@ def test_among_equals_the_stuck_rank_is_the_one_whose_progress_stopped_first():
         "and no rank has moved for 21 s (a hung read or a deadlock)", 0)
 
 
+def test_a_stalled_world_names_a_peer_unheard_for_a_heartbeat_gap_as_silent():
+    """Both ranks stopped moving at 1000 s (a rendezvous); the link to rank 1 was cut
+    later. Once nothing has moved for the timeout, rank 1's silence is the reason,
+    well before it has lasted the timeout itself."""
+    dog = two_rank_view()
+    gap = dog._gap()
+    dog.heard[0] = 1021.0
+    dog.heard[1] = 1021.0 - gap + 0.5         # heard within a gap: alive, and stuck
+    assert "is alive but has made no progress for 21 s" in dog.verdict(now=1021.0)[0]
+    dog.heard[1] = 1012.0                     # unheard for longer than a gap
+    assert 1019.0 - 1012.0 > gap
+    assert dog.verdict(now=1019.0) is None    # the world has not stalled for the timeout yet
+    assert dog.verdict(now=1021.0) == (
+        "rank 1 on host2 went silent, last heard in training step (epoch 2, step 5): no heartbeat for 9 s "
+        "(a cut link, or a stopped or dead process)", 0)
+
+
 def test_tracing_gets_a_longer_allowance_but_silence_does_not():
     dog = two_rank_view()
     dog.state[1] = dict(dog.state[1], slow=True)
