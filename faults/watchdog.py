@@ -385,8 +385,8 @@ class Watchdog:
                         "(a host that cannot be reached, or a rank that did not start)", self.rank)
             return None
         with self.lock:
-            silent = self._silent(now, limit)
-            if not silent and self._stalled(now, limit):
+            silent, stalled = self._silent(now, limit), self._stalled(now, limit)
+            if not silent and stalled:
                 # Nothing has moved for the allowance, and a peer unheard for longer
                 # than any live, scheduled process takes is why: a link cut after
                 # the ranks stopped moving (at a rendezvous, say) is silence, not a hang.
@@ -400,7 +400,7 @@ class Watchdog:
                 if not self.elastic:
                     return message, min(r for r in [self.rank, *self.peers] if r not in silent)
             else:
-                return self._stuck(now, limit)
+                return self._stuck(now) if stalled else None
         # Connecting to the driver may take seconds: not while holding the
         # lock that the listener and the training loop wait for.
         if driver_reachable():
@@ -416,18 +416,16 @@ class Watchdog:
         slow = any(s.get("slow") for s in self.state.values())
         return now - max(self.moved.values()) > limit * (TRACING_FACTOR if slow else 1)
 
-    def _stuck(self, now, limit):
-        """The verdict on a world where every rank is heard but none moves (the lock held)."""
-        if self._stalled(now, limit):
-            last_move = max(self.moved.values())
-            stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
-            message = (f"{self._name(stuck)} is alive but has made no progress for "
-                       f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
-                       f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
-            if self.elastic:  # the stuck rank leaves; the others go on without it
-                return (message, self.rank) if stuck == self.rank else None
-            return message, min([self.rank, *self.peers])
-        return None
+    def _stuck(self, now):
+        """The verdict on a stalled world where every rank is heard (the lock held)."""
+        last_move = max(self.moved.values())
+        stuck = min(self.moved, key=lambda r: (self.state.get(r, {}).get("entered", 0), self.moved[r], r))
+        message = (f"{self._name(stuck)} is alive but has made no progress for "
+                   f"{now - self.moved[stuck]:.0f} s since {self._doing(stuck)}, and no rank has "
+                   f"moved for {now - last_move:.0f} s (a hung read or a deadlock)")
+        if self.elastic:  # the stuck rank leaves; the others go on without it
+            return (message, self.rank) if stuck == self.rank else None
+        return message, min([self.rank, *self.peers])
 
     def _gap(self):
         """Seconds without a heartbeat that no live, scheduled process takes."""
