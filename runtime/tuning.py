@@ -8,14 +8,16 @@ threads (runtime/context.py). Which is faster depends on the CPU, its cores
 and the step's shapes, so it is measured: each candidate in a fresh process
 (TensorFlow fixes its threads when it starts), in alternating rounds, on the
 trainer's own step fed random ids. A candidate must beat one group by
-MARGIN to be picked, so noise does not flip the choice.
+MARGIN in every round, against the baseline timed beside it, to be picked:
+on a machine whose speed moves, one run timed in a fast or a slow moment
+does not flip the choice.
 
 The affine layers' float32 products run as the suite's own ops or as
 TensorFlow's MatMul (texar_lite/op_selection.py). Which is faster depends
 on the CPU's vector units and on the matmul library TensorFlow brings for
 it, so --affine_products auto times both, the same way; the fused ops are
-the baseline that TF's MatMul must beat by MARGIN. With both flags at auto
-every pair is timed.
+the baseline that TF's MatMul must beat by MARGIN in every round. With both
+flags at auto every pair is timed.
 
 The groups change the order in which the step adds its rows' gradients: one
 process with G groups computes what G ranks compute (runtime/reduction.py);
@@ -58,9 +60,9 @@ AFFINE_PRODUCTS = ("fused", "tf")
 # What a candidate sets, in the order of its pair.
 SETTINGS = ("row groups", "affine products")
 RECORD_NAME = "step_choices.json"
-# The least gain over one group that picks more groups.
+# The least gain over the baseline, in every round, that picks another candidate.
 MARGIN = 0.03
-ROUNDS = 2
+ROUNDS = 3
 WARMUP_STEPS, WINDOWS, WINDOW_STEPS = 5, 3, 10
 # A candidate's whole process, TensorFlow's start included; config_large's steps take seconds.
 MEASURE_TIMEOUT_S = 900
@@ -177,19 +179,22 @@ def _measure_in_fresh_process(config_name, overrides, candidate, sizes=(1, 1)):
 
 
 def measure(config_name, overrides, candidates_timed, sizes=(1, 1), measure_one=_measure_in_fresh_process):
-    """{(row groups, affine products): the median of its rounds' ms per step}, the candidates
-    alternating in ROUNDS rounds; sizes: (world, local) ranks, as launcher_sizes gives them."""
+    """{(row groups, affine products): its ms per step in each round}, the candidates alternating
+    in ROUNDS rounds; sizes: (world, local) ranks, as launcher_sizes gives them."""
     rounds = {candidate: [] for candidate in candidates_timed}
     for _ in range(ROUNDS):
         for candidate in candidates_timed:
             rounds[candidate].append(measure_one(config_name, overrides, candidate, sizes))
-    return {candidate: statistics.median(values) for candidate, values in rounds.items()}
+    return rounds
 
 
-def pick(ms_by_candidate, baseline):
-    """The fastest candidate, unless it beats the baseline by less than MARGIN."""
-    fastest = min(ms_by_candidate, key=ms_by_candidate.get)
-    return fastest if ms_by_candidate[fastest] <= ms_by_candidate[baseline] * (1 - MARGIN) else baseline
+def pick(rounds_by_candidate, baseline):
+    """Of the candidates that beat the baseline by MARGIN in every round, the one with the least
+    median ms per step; the baseline if none does."""
+    base = rounds_by_candidate[baseline]
+    faster = [candidate for candidate, rounds in rounds_by_candidate.items()
+              if all(ms <= base_ms * (1 - MARGIN) for ms, base_ms in zip(rounds, base, strict=True))]
+    return min(faster, key=lambda candidate: statistics.median(rounds_by_candidate[candidate]), default=baseline)
 
 
 def _varied(candidates_timed):
@@ -279,17 +284,20 @@ def _recorded_or_measured(args, asked, key, path, candidates_timed, sizes):
     records = _read(path)
     if key in records:
         return records[key]
-    varied, ms = _varied(candidates_timed), {}
+    varied, rounds = _varied(candidates_timed), {}
     if varied:
         groups = sorted({groups for groups, _ in candidates_timed})
         named = ([f"{', '.join(map(str, groups))} row groups"] if "row groups" in varied else []) + \
             ([f"the {' and '.join(AFFINE_PRODUCTS)} affine products"] if "affine products" in varied else [])
         print(f"{asked}: timing {', each with '.join(named)} on this machine, once for this config "
               f"({len(candidates_timed) * ROUNDS} short runs)", file=sys.stderr, flush=True)
-        ms = measure(args.config, args.set, candidates_timed, sizes)
-    row_groups, affine = pick(ms, candidates_timed[0]) if ms else candidates_timed[0]
+        rounds = measure(args.config, args.set, candidates_timed, sizes)
+    row_groups, affine = pick(rounds, candidates_timed[0]) if rounds else candidates_timed[0]
     entry = {"row_groups": row_groups, "affine_products": affine, "varied": varied,
-             "ms": {_label(candidate, varied): round(value, 2) for candidate, value in ms.items()},
+             "ms": {_label(candidate, varied): round(statistics.median(values), 2)
+                    for candidate, values in rounds.items()},
+             "ms_by_round": {_label(candidate, varied): [round(value, 2) for value in values]
+                             for candidate, values in rounds.items()},
              "measured": datetime.date.today().isoformat()}
     records[key] = entry
     atomic_write(path, (json.dumps(records, indent=1, sort_keys=True) + "\n").encode())
