@@ -27,6 +27,8 @@ THREE_RANKS_CHECK = os.path.join(ROOT, "results", "scaling", "three_ranks_check.
 SECOND_MACHINE = os.path.join(ROOT, "results", "scaling", "shaped_links_zen4.json")
 # And on a third, a 2-core AMD EPYC with AVX2 only, whose compute is a third as fast.
 THIRD_MACHINE = os.path.join(ROOT, "results", "scaling", "shaped_links_avx2.json")
+# And on a fourth, a 2-core AMD EPYC (Zen 3, AVX2), whose unshaped links are the slowest against its compute.
+FOURTH_MACHINE = os.path.join(ROOT, "results", "scaling", "shaped_links_zen3.json")
 LINK = Link(bandwidth=100e6, latency=50e-6)
 GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
 
@@ -179,7 +181,12 @@ def third_machine():
     return committed_run(THIRD_MACHINE)
 
 
-@pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine"])
+@pytest.fixture(scope="module")
+def fourth_machine():
+    return committed_run(FOURTH_MACHINE)
+
+
+@pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine", "fourth_machine"])
 def test_every_setting_of_the_grid_was_measured(runs, request):
     runs = request.getfixturevalue(runs)
     cases = {(c["config"], c["link"], c["ranks"], c["mode"]) for c in runs["cases"]}
@@ -218,6 +225,18 @@ def test_the_model_on_a_third_machine(third_machine):
     assert max(errors) < 0.25 and min(errors) >= -validation.BOUND
 
 
+def test_the_model_on_a_fourth_machine(fourth_machine):
+    """The grid again on an AMD EPYC (Zen 3, AVX2 only), whose unshaped links exchange at 307 to
+    491 MB/s against a compute near the Zen 4's: 28 of the 36 within validation.BOUND. Seven of
+    the eight misses are unshaped, where the ranks' transfers keep both cores busy; the worst is
+    32% low, the highest 25% high (a straggler term drawn from a compute whose spread was 0.45 s)."""
+    assert fourth_machine["machine"]["cpu"] == "AMD EPYC" and fourth_machine["machine"]["cores"] == 2
+    errors = validation.errors(fourth_machine)
+    assert sum(abs(error) <= validation.BOUND for _, _, error in errors) >= 28
+    assert all(abs(error) <= validation.BOUND for case, _, error in errors if case["link"] == "100mbit")
+    assert max(error for _, _, error in errors) < 0.26 and min(error for _, _, error in errors) > -0.33
+
+
 def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
     # Without the ranks' CPU time the model has only their compute out of step, and config_medium's
     # unshaped 3-rank cases, whose compute is the most of the step, fall short.
@@ -252,7 +271,7 @@ def test_the_probe_over_all_ranks_brings_three_and_four_within_the_bound(shaped_
     assert within(pairs_only) <= 15
 
 
-@pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine"])
+@pytest.mark.parametrize("runs", ["shaped_links", "second_machine", "third_machine", "fourth_machine"])
 def test_without_the_bandwidth_term_the_model_misses(runs, request):
     def no_bandwidth(shape, ranks, compute, link, machine, horovod):
         return predict_step(shape, ranks, compute, dataclasses.replace(link, bandwidth=1e15, exchange=1e15),
@@ -263,11 +282,12 @@ def test_without_the_bandwidth_term_the_model_misses(runs, request):
     assert sum(abs(error) > validation.BOUND for _, _, error in errors) >= 24
 
 
-def test_the_docs_tables_are_the_committed_runs_tables(shaped_links, two_hosts, second_machine, third_machine):
+def test_the_docs_tables_are_the_committed_runs_tables(shaped_links, two_hosts, second_machine, third_machine,
+                                                      fourth_machine):
     with open(os.path.join(ROOT, "docs", "how_many_hosts.md")) as f:
         docs = f.read()
     check = committed_run(THREE_RANKS_CHECK)
-    for runs in (shaped_links, two_hosts, check, second_machine, third_machine):
+    for runs in (shaped_links, two_hosts, check, second_machine, third_machine, fourth_machine):
         assert "\n".join(validation.table(runs)) + "\n" in docs
 
 
