@@ -1,5 +1,7 @@
 """The model against the steps measured on namespace hosts (scripts/shaped_links.py,
 results/scaling/shaped_links.json): each case's prediction from its own measured inputs, and the table."""
+import dataclasses
+
 from scaling.measure import link_of
 from scaling.model import Compute, Horovod, Machine, Shape, predict_step
 
@@ -8,14 +10,32 @@ BOUND = 0.15  # the goal: every predicted step within 15% of the measured one
 
 def predict_case(case, cores, model=predict_step):
     """The predicted step of one measured case from its inputs alone: its config's shape, its
-    compute (its ranks on its hosts under Horovod, no collective, and their CPU time), the
+    compute (its ranks on its hosts under Horovod, no collective, and their CPU time; see
+    case_compute), the
     probes of its link taken just before it (on two hosts, and where it has more ranks, on all
     of its hosts), and the machine's cores, which all its ranks share."""
     probe = case["probe"]
     machine = Machine(cores=cores, ranks=case["ranks"], threads=1)
-    compute = Compute(case["compute_s"], case["compute_sd_s"], max(case["compute_cpu_s"]))
-    return model(Shape(**case["shape"]), case["ranks"], compute,
+    return model(Shape(**case["shape"]), case["ranks"], case_compute(case),
                  link_of(probe, case.get("probe_all")), machine, Horovod(cycle_s=probe["cycle_s"]))
+
+
+def case_compute(case):
+    """A case's compute: as measured before its run, or where it was measured again after the
+    run, the mean of the two (seconds, spread and the busiest rank's CPU seconds alike)."""
+    sides = [("compute_s", "compute_sd_s", "compute_cpu_s")]
+    if "compute_after_s" in case:
+        sides.append(("compute_after_s", "compute_after_sd_s", "compute_after_cpu_s"))
+    measured = [Compute(case[seconds], case[sd], max(case[cpu])) for seconds, sd, cpu in sides]
+    return Compute(*(sum(values) / len(values) for values in zip(*(dataclasses.astuple(c) for c in measured))))
+
+
+def computes_ms(case):
+    """The table's compute column: the compute before the run, or "mean (before, after)"."""
+    if "compute_after_s" not in case:
+        return f"{case['compute_s'] * 1e3:.1f}"
+    return (f"{case_compute(case).seconds * 1e3:.1f} ({case['compute_s'] * 1e3:.1f}, "
+            f"{case['compute_after_s'] * 1e3:.1f})")
 
 
 def errors(results, model=predict_step):
@@ -38,7 +58,7 @@ def table(results):
         lines.append(
             f"| {case['config']} | {case['link']} | {case['ranks']} | {case['mode']} "
             f"| {probe['bandwidth_Bps'] / 1e6:.1f}, {probe['exchange_Bps'] / 1e6:.1f}, {probe['latency_s'] * 1e6:.0f} "
-            f"| {case['compute_s'] * 1e3:.1f} "
+            f"| {computes_ms(case)} "
             f"| {case['step_ms']:.1f} | {p.step_s * 1e3:.1f} ({p.compute_s * 1e3:.0f} + {p.exposed_s * 1e3:.0f} + "
             f"{p.straggler_s * 1e3:.0f}) | {error:+.0%} | {case['load_before'][0]:.1f}, {case['load_after'][0]:.1f} "
             f"| {case['other_cores']:.2f} |")

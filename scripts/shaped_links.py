@@ -19,7 +19,9 @@ the link by scaling/probe.py on host1 and host2 (and, for 3 or 4 ranks, once mor
 the run's hosts: the link as that many ranks on this machine's cores see it, `probe_all`),
 and the compute by the benchmark's worker,
 the run's ranks side by side on this machine with no communication. The machine is shared,
-so the inputs and the run see the same minute of its other load. The JSON keeps every input
+so the inputs and the run see the same minute of its other load. The compute is measured
+once more right after the run (`compute_after_s`): where the machine's speed moves from
+minute to minute, the model takes the mean of the two, the compute on both sides of the run. The JSON keeps every input
 and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
 Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
 the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
@@ -161,15 +163,21 @@ def job(hosts, cmd, tag):
 
 def inputs(hosts, config, ranks, mode, data_path):
     """The model's inputs for a case: the probe on host1 and host2 (and on all the case's hosts
-    when it has more: None for two), and the compute of its rows with its ranks side by side
-    (one thread each: the worker splits 2 cores over 2 or more)."""
+    when it has more: None for two), and the compute of its rows (measure_compute)."""
     from scaling import measure, probe
     probed = job(hosts, measure.probe_command(["host1", "host2"]), probe.TAG)
     probed_all = (job(hosts, measure.probe_command([f"host{i + 1}" for i in range(ranks)]), probe.TAG)
                   if ranks > 2 else None)
-    rows = 20 if mode == "per_worker" else (21 if ranks == 3 else 20) // ranks
-    compute, cpu = measure.compute(config, rows, ranks, data_path=data_path)
+    compute, cpu = measure_compute(config, ranks, mode, data_path)
     return probed, probed_all, compute, cpu
+
+
+def measure_compute(config, ranks, mode, data_path):
+    """The compute of a case's rows with its ranks side by side (one thread each: the worker
+    splits 2 cores over 2 or more), and each rank's CPU seconds a step."""
+    from scaling import measure
+    rows = 20 if mode == "per_worker" else (21 if ranks == 3 else 20) // ranks
+    return measure.compute(config, rows, ranks, data_path=data_path)
 
 
 def run_case(hosts, config, link, ranks, mode, corpus, workdir, timeline=None):
@@ -243,13 +251,16 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None, timelines=None):
                                 if timelines else None)
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
                                         tempfile.mkdtemp(prefix="case.", dir=work), timeline)
+                    after, cpu_after = measure_compute(config, ranks, mode, os.path.abspath(data_path))
                     results["cases"].append({
                         "config": config, "link": link, "ranks": ranks, "mode": mode,
                         "shape": shape(config, ranks, mode), "probe": probed,
                         **({"probe_all": probed_all} if probed_all else {}), "compute_s": compute.seconds,
-                        "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "other_cores_before": quiet,
-                        **measured})
-                    print(f"{config} {link} {ranks} {mode}: compute {compute.seconds * 1e3:.1f} ms, probe "
+                        "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "compute_after_s": after.seconds,
+                        "compute_after_sd_s": after.sd, "compute_after_cpu_s": cpu_after,
+                        "other_cores_before": quiet, **measured})
+                    print(f"{config} {link} {ranks} {mode}: compute {compute.seconds * 1e3:.1f} ms, "
+                          f"{after.seconds * 1e3:.1f} after the run, probe "
                           f"{probed['bandwidth_Bps'] / 1e6:.1f} MB/s {probed['latency_s'] * 1e6:.0f} us, step "
                           f"{measured['step_ms']:.1f} ms (load {measured['load_before'][0]:.2f})",
                           file=sys.stderr, flush=True)
