@@ -228,6 +228,20 @@ def test_the_model_on_each_machines_grid(grid):
     assert all(expected.low <= error <= expected.high for _, _, error in errors)
 
 
+def test_a_compute_measured_on_both_sides_of_the_run_is_their_mean():
+    case = dict(GRIDS["zen3"].runs()["cases"][0])  # measured before its run only
+    assert validation.case_compute(case) == Compute(case["compute_s"], case["compute_sd_s"],
+                                                    max(case["compute_cpu_s"]))
+    assert validation.computes_ms(case) == "60.1"
+    assert validation.predict_case(case, cores=2).compute_s == case["compute_s"]
+    case.update(compute_s=0.060, compute_sd_s=0.002, compute_cpu_s=[0.058, 0.062],
+                compute_after_s=0.080, compute_after_sd_s=0.004, compute_after_cpu_s=[0.081, 0.079])
+    assert validation.case_compute(case) == Compute(pytest.approx(0.070), pytest.approx(0.003),
+                                                    pytest.approx(0.0715))
+    assert validation.computes_ms(case) == "70.0 (60.0, 80.0)"
+    assert validation.predict_case(case, cores=2).compute_s == pytest.approx(0.070)
+
+
 def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
     # Without the ranks' CPU time the model has only their compute out of step, and config_medium's
     # unshaped 3-rank cases, whose compute is the most of the step, fall short.
