@@ -11,9 +11,8 @@ BOUND = 0.15  # the goal: every predicted step within 15% of the measured one
 def predict_case(case, cores, model=predict_step):
     """The predicted step of one measured case from its inputs alone: its config's shape, its
     compute (its ranks on its hosts under Horovod, no collective, and their CPU time; see
-    case_compute), the
-    probes of its link taken just before it (on two hosts, and where it has more ranks, on all
-    of its hosts), and the machine's cores, which all its ranks share."""
+    case_compute), the probes of its link taken just before it (on two hosts, and where it has
+    more ranks, on all of its hosts), and the machine's cores, which all its ranks share."""
     probe = case["probe"]
     machine = Machine(cores=cores, ranks=case["ranks"], threads=1)
     return model(Shape(**case["shape"]), case["ranks"], case_compute(case),

@@ -21,8 +21,8 @@ and the compute by the benchmark's worker,
 the run's ranks side by side on this machine with no communication. The machine is shared,
 so the inputs and the run see the same minute of its other load. The compute is measured
 once more right after the run (`compute_after_s`): where the machine's speed moves from
-minute to minute, the model takes the mean of the two, the compute on both sides of the run. The JSON keeps every input
-and every measured step; tests/test_scaling_model.py recomputes the predictions from it.
+minute to minute, the model takes the mean of the two. The JSON keeps every input and
+every measured step; tests/test_scaling_model.py recomputes the predictions from it.
 Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
 the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
 and sent again. --queue_ms sets how long a packet may wait in a tbf queue (200 ms by default).
