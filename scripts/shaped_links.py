@@ -176,7 +176,8 @@ def measure_compute(config, ranks, mode, data_path):
     """The compute of a case's rows with its ranks side by side (one thread each: the worker
     splits 2 cores over 2 or more), and each rank's CPU seconds a step."""
     from scaling import measure
-    rows = 20 if mode == "per_worker" else (21 if ranks == 3 else 20) // ranks
+    from scaling.model import Shape
+    rows = Shape(**shape(config, ranks, mode)).rows(ranks)
     return measure.compute(config, rows, ranks, data_path=data_path)
 
 
