@@ -26,8 +26,8 @@ THREE_RANKS_CHECK = os.path.join(ROOT, "results", "scaling", "three_ranks_check.
 # each run: per link, its file, the cases within validation.BOUND with the mean of the two
 # measurements (at least), with the measurement before alone (exactly), and the errors' range.
 ZEN3_BRACKETED = {
-    "unshaped": ("zen3_unshaped_bracketed.json", 9, 5, (-0.22, 0.18)),
-    "1gbit": ("zen3_1gbit_bracketed.json", 11, 11, (-0.18, 0.05)),
+    "unshaped": (os.path.join(ROOT, "results", "scaling", "zen3_unshaped_bracketed.json"), 9, 5, (-0.22, 0.18)),
+    "1gbit": (os.path.join(ROOT, "results", "scaling", "zen3_1gbit_bracketed.json"), 11, 11, (-0.18, 0.05)),
 }
 LINK = Link(bandwidth=100e6, latency=50e-6)
 GPU = Machine(cores=4, threads=0)  # the compute leaves the cores free
@@ -254,8 +254,8 @@ def test_the_compute_on_both_sides_of_the_run_on_a_machine_whose_speed_moves(lin
     """Unshaped, where the compute is a large part of the step, the mean of the two measurements
     brings 9 of the 12 within the bound against 5 from the measurement before alone (the grid
     itself had 5 of these 12); at 1 Gbit/s, where the link's time dominates, 11 either way."""
-    name, within_mean, within_before, (low, high) = ZEN3_BRACKETED[link]
-    runs = committed_run(os.path.join(ROOT, "results", "scaling", name))
+    path, within_mean, within_before, (low, high) = ZEN3_BRACKETED[link]
+    runs = committed_run(path)
     assert runs["machine"]["cpu"] == GRIDS["zen3"].cpu and len(runs["cases"]) == 12
     assert {c["link"] for c in runs["cases"]} == {link} and all("compute_after_s" in c for c in runs["cases"])
     before_only = dict(runs, cases=[{k: v for k, v in c.items() if not k.startswith("compute_after")}
@@ -314,7 +314,7 @@ def test_without_the_bandwidth_term_the_model_misses(grid):
 def test_the_docs_tables_are_the_committed_runs_tables(two_hosts):
     with open(os.path.join(ROOT, "docs", "how_many_hosts.md")) as f:
         docs = f.read()
-    bracketed = [committed_run(os.path.join(ROOT, "results", "scaling", name)) for name, *_ in ZEN3_BRACKETED.values()]
+    bracketed = [committed_run(path) for path, *_ in ZEN3_BRACKETED.values()]
     for runs in (two_hosts, committed_run(THREE_RANKS_CHECK), *bracketed, *(grid.runs() for grid in GRIDS.values())):
         assert "\n".join(validation.table(runs)) + "\n" in docs
 
