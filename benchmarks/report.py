@@ -243,6 +243,8 @@ def goals(results):
         if "failed" in results[theirs]:
             out.append((text, f"not measured: the reference failed here ({results[theirs]['failed']})", False))
         else:
+            if "onednn_failed" in results[theirs]:
+                text += " (PyTorch's run with oneDNN off, its oneDNN run having failed here)"
             out.append(_per_round(
                 results, lambda r, ours=ours, theirs=theirs: r[ours]["words_per_s"][0] / r[theirs]["words_per_s"],
                 text, ratio, lambda v, goal=goal: v >= goal))
@@ -339,7 +341,11 @@ def torch_line(results):
     bf16, small_bf16 = results.get("torch_bf16"), results.get("small_bf16")
     if bf16:
         line += (f"; in bf16 (`benchmarks/{os.path.basename(TORCH_WRAPPER)} --bf16`: torch.autocast(\"cpu\", "
-                 f"dtype=torch.bfloat16) around the forward pass and loss): {words(bf16)}")
+                 f"dtype=torch.bfloat16) around the forward pass and loss): ")
+        if "onednn_failed" in bf16 and "failed" not in bf16:
+            line += (f"its oneDNN LSTM failed on this machine ({bf16['onednn_failed']}), so with oneDNN off "
+                     f"(`--onednn_off`: PyTorch's own kernels, {bf16['steps']} steps a run) ")
+        line += words(bf16)
     if small_bf16:
         ours += f", in mixed_bfloat16 **{small_bf16['words_per_s'][0]:.0f} words/s**"
     return f"{line}; {ours}."
@@ -462,8 +468,9 @@ def print_table(results):
     for key, name in (("torch", "fp32"), ("torch_bf16", "bf16 autocast")):
         if results.get(key):
             reference = results[key]
-            print(f"PyTorch reference, {name}: " + (f"failed ({reference['failed']})" if "failed" in reference
-                                                     else f"{reference['words_per_s']:.0f} words/s"))
+            measured = (f"failed ({reference['failed']})" if "failed" in reference
+                        else f"{reference['words_per_s']:.0f} words/s")
+            print(f"PyTorch reference, {reference.get('precision', name)}: {measured}")
     for lever, base, wall, cpu in lever_rows(results):
         print(f"lever {lever}: against {base}: ms/step {wall}, CPU ms/step {cpu}")
     for text, value, met in goals(results):

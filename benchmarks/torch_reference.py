@@ -1,8 +1,10 @@
 """Runs the PyTorch reference LM (../shared/bench/torch_ref_lm.py, left as it is) in float32, or with
 --bf16 under torch.autocast("cpu", dtype=torch.bfloat16) around its forward pass and loss, as our
-precision=mixed_bfloat16 runs the model in bf16 matmuls with a float32 loss and weights.
+precision=mixed_bfloat16 runs the model in bf16 matmuls with a float32 loss and weights. With
+--onednn_off PyTorch runs its own kernels instead of oneDNN's (torch.backends.mkldnn.enabled = False),
+for CPUs where oneDNN has no bf16 LSTM primitive.
 
-    python benchmarks/torch_reference.py [--bf16] REFERENCE DATA_DIR [EPOCHS] [MAX_STEPS_PER_EPOCH]
+    python benchmarks/torch_reference.py [--bf16] [--onednn_off] REFERENCE DATA_DIR [EPOCHS] [MAX_STEPS_PER_EPOCH]
 
 Runs in the PyTorch venv (torch and the standard library only). The reference computes the forward
 pass and the loss inside `with torch.set_grad_enabled(train):`, and nothing else there, so --bf16
@@ -32,11 +34,18 @@ def _grad_enabled_in_bf16(grad_enabled):
     return GradEnabledInBf16
 
 
+FLAGS = ("--bf16", "--onednn_off")
+
+
 def main(argv):
-    bf16 = argv[:1] == ["--bf16"]
-    reference, *args = argv[1:] if bf16 else argv
-    if bf16:
+    flags = set()
+    while argv and argv[0] in FLAGS:
+        flags.add(argv.pop(0))
+    reference, *args = argv
+    if "--bf16" in flags:
         torch.set_grad_enabled = _grad_enabled_in_bf16(torch.set_grad_enabled)
+    if "--onednn_off" in flags:
+        torch.backends.mkldnn.enabled = False
     sys.argv = [reference, *args]
     runpy.run_path(reference, run_name="__main__")
     return 0

@@ -104,21 +104,39 @@ def test_the_reference_runs_through_the_wrapper_with_bf16_by_a_flag(reference_ve
     assert commands[2] == [str(python), orchestration.TORCH_WRAPPER, str(reference), "/data", "1", "300"]
 
 
-def test_a_reference_that_fails_on_this_cpu_is_reported_and_the_bench_goes_on(reference_venv, monkeypatch):
-    # As PyTorch's bf16 autocast stops on an AVX2 CPU: oneDNN has no bf16 LSTM primitive for it.
-    error = ("Traceback (most recent call last):\n  File \"torch_ref_lm.py\", line 70, in run\nRuntimeError: could "
-             "not create a primitive descriptor for the LSTM forward propagation primitive. Run workload with "
-             "environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.\n\n")
+ONEDNN_ERROR = ("Traceback (most recent call last):\n  File \"torch_ref_lm.py\", line 70, in run\nRuntimeError: could "
+                "not create a primitive descriptor for the LSTM forward propagation primitive. Run workload with "
+                "environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.\n\n")
+ONEDNN_REASON = "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive"
+
+
+def _reference_runs(monkeypatch, onednn_off_stdout, onednn_off_stderr=""):
+    """subprocess.run for the reference: with oneDNN its bf16 run stops as on an AVX2 CPU (oneDNN has no
+    bf16 LSTM primitive for it); with --onednn_off it prints the given output. Returns the commands."""
+    commands = []
 
     def run(command, **kwargs):
+        commands.append(command)
         if "-c" in command:
             return subprocess.CompletedProcess(command, 0, "2.x\n", "")
-        return subprocess.CompletedProcess(command, 1, "", error)
+        if "--onednn_off" in command:
+            return subprocess.CompletedProcess(command, 0 if onednn_off_stdout else 1, onednn_off_stdout,
+                                               onednn_off_stderr)
+        return subprocess.CompletedProcess(command, 1, "", ONEDNN_ERROR)
 
     monkeypatch.setattr(orchestration.subprocess, "run", run)
+    return commands
+
+
+def test_a_reference_that_fails_on_this_cpu_both_ways_is_reported_and_the_bench_goes_on(reference_venv,
+                                                                                         monkeypatch):
+    commands = _reference_runs(monkeypatch, "", "Killed\n")
     failed = orchestration.torch_reference("/data", 300, bf16=True)
-    reason = "RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive"
-    assert failed == {"failed": reason, "torch": "2.x", "steps": 300, "precision": "bf16 autocast"}
+    reason = f"{ONEDNN_REASON}; with oneDNN off, Killed"
+    assert failed == {"failed": reason, "torch": "2.x", "steps": orchestration.ONEDNN_OFF_STEPS,
+                      "precision": "bf16 autocast, oneDNN off", "onednn_failed": ONEDNN_REASON}
+    assert [c for c in commands if "--onednn_off" in c] == [
+        [*commands[0][:3], "--onednn_off", *commands[0][3:6], str(orchestration.ONEDNN_OFF_STEPS)]]
     results = _results()
     for paired in results["rounds"]:
         paired["torch_bf16"] = failed
@@ -132,13 +150,41 @@ def test_a_reference_that_fails_on_this_cpu_is_reported_and_the_bench_goes_on(re
     assert goals["words/s >= 1.5x PyTorch"] == ("1.33x", False)
 
 
+def test_where_its_onednn_lstm_fails_in_bf16_the_reference_runs_on_pytorchs_own_kernels(reference_venv,
+                                                                                       monkeypatch):
+    commands = _reference_runs(monkeypatch, "epoch 0 lr 1.0000 train 1300.00 wps 250\n")
+    reference = orchestration.torch_reference("/data", 300, bf16=True)
+    assert reference == {"words_per_s": 250.0, "torch": "2.x", "steps": orchestration.ONEDNN_OFF_STEPS,
+                         "precision": "bf16 autocast, oneDNN off", "onednn_failed": ONEDNN_REASON}
+    assert commands[1][1:4] == [orchestration.TORCH_WRAPPER, "--bf16", "--onednn_off"]
+    # Without --bf16 nothing runs a second time, whatever the outcome.
+    commands.clear()
+    assert "failed" in orchestration.torch_reference("/data", 300)
+    assert len(commands) == 2 and "--onednn_off" not in commands[0]
+    results = _results()
+    for paired in results["rounds"]:
+        paired["torch_bf16"] = reference
+    results["torch_bf16"] = orchestration.merge_torch_rounds([r["torch_bf16"] for r in results["rounds"]])
+    line = report.torch_line(results)
+    assert (f"around the forward pass and loss): its oneDNN LSTM failed on this machine ({ONEDNN_REASON}), so with "
+            f"oneDNN off (`--onednn_off`: PyTorch's own kernels, {orchestration.ONEDNN_OFF_STEPS} steps a run) "
+            "**250 words/s**; ours (small") in line
+    goals = {text: (value, met) for text, value, met in report.goals(results)}
+    # 12500 words/s in mixed_bfloat16 against 250.
+    assert goals["mixed_bfloat16 words/s >= 1.3x PyTorch's, both bf16 (PyTorch's run with oneDNN off, its oneDNN "
+                 "run having failed here)"] == ("50.00x", True)
+
+
 def test_the_wrapper_opens_autocast_exactly_where_the_reference_computes_forward_and_loss(tmp_path):
     # A stand-in torch module records what the reference sees: autocast is on inside its
-    # set_grad_enabled block only, and only with --bf16; the reference gets its own arguments.
+    # set_grad_enabled block only, and only with --bf16; oneDNN is off with --onednn_off only; the
+    # reference gets its own arguments.
     (tmp_path / "torch.py").write_text(textwrap.dedent("""\
         import contextlib
+        import types
         bfloat16 = "bfloat16"
         state = {"autocast": None, "grad": True}
+        backends = types.SimpleNamespace(mkldnn=types.SimpleNamespace(enabled=True))
 
         class set_grad_enabled:  # as torch's: the mode changes when called, and returns at the block's end
             def __init__(self, mode):
@@ -160,7 +206,7 @@ def test_the_wrapper_opens_autocast_exactly_where_the_reference_computes_forward
     reference.write_text(textwrap.dedent("""\
         import sys
         import torch
-        seen = [torch.state["autocast"]]
+        seen = [torch.backends.mkldnn.enabled, torch.state["autocast"]]
         with torch.set_grad_enabled(False):
             seen.append((torch.state["autocast"], torch.state["grad"]))
         torch.set_grad_enabled(False)  # as torch.no_grad calls it
@@ -168,9 +214,11 @@ def test_the_wrapper_opens_autocast_exactly_where_the_reference_computes_forward
         print(sys.argv[1:], *seen)
         """))
     wrapper = os.path.join(ROOT, "benchmarks", "torch_reference.py")
-    for flags, inside in (([], "None"), (["--bf16"], "('cpu', 'bfloat16')")):
+    for flags, onednn, inside in (([], True, "None"), (["--bf16"], True, "('cpu', 'bfloat16')"),
+                                  (["--bf16", "--onednn_off"], False, "('cpu', 'bfloat16')"),
+                                  (["--onednn_off"], False, "None")):
         proc = subprocess.run([sys.executable, wrapper, *flags, str(reference), "/data", "1", "300"],
                               env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout == f"['/data', '1', '300'] None ({inside}, False) (None, False)\n"
+        assert proc.stdout == f"['/data', '1', '300'] {onednn} None ({inside}, False) (None, False)\n"
