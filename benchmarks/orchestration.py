@@ -96,9 +96,10 @@ def torch_reference(data_path, steps=300, bf16=False):
     bf16: under torch.autocast("cpu", dtype=torch.bfloat16) around its forward pass and loss
     (benchmarks/torch_reference.py), the counterpart of our precision=mixed_bfloat16. PyTorch
     need not run it on every CPU: the oneDNN LSTM it calls has no bf16 primitive for an AVX2 CPU.
-    Then it runs again with oneDNN off, on PyTorch's own kernels, for ONEDNN_OFF_STEPS steps, and
-    the result names why ("onednn_failed"); a failure of both is the reference's result here,
-    reported, not the bench's end.
+    When the bf16 run fails, for that or another reason, it runs again with oneDNN off, on
+    PyTorch's own kernels, for ONEDNN_OFF_STEPS steps, and the result keeps the first run's error
+    ("onednn_failed"); a failure of both is the reference's result here, reported, not the
+    bench's end.
     """
     if not (os.path.exists(TORCH_PYTHON) and os.path.exists(TORCH_REFERENCE)):
         return None

@@ -343,7 +343,7 @@ def torch_line(results):
         line += (f"; in bf16 (`benchmarks/{os.path.basename(TORCH_WRAPPER)} --bf16`: torch.autocast(\"cpu\", "
                  f"dtype=torch.bfloat16) around the forward pass and loss): ")
         if "onednn_failed" in bf16 and "failed" not in bf16:
-            line += (f"its oneDNN LSTM failed on this machine ({bf16['onednn_failed']}), so with oneDNN off "
+            line += (f"its run with oneDNN failed on this machine ({bf16['onednn_failed']}), so with oneDNN off "
                      f"(`--onednn_off`: PyTorch's own kernels, {bf16['steps']} steps a run) ")
         line += words(bf16)
     if small_bf16:

@@ -166,7 +166,7 @@ def test_where_its_onednn_lstm_fails_in_bf16_the_reference_runs_on_pytorchs_own_
         paired["torch_bf16"] = reference
     results["torch_bf16"] = orchestration.merge_torch_rounds([r["torch_bf16"] for r in results["rounds"]])
     line = report.torch_line(results)
-    assert (f"around the forward pass and loss): its oneDNN LSTM failed on this machine ({ONEDNN_REASON}), so with "
+    assert (f"around the forward pass and loss): its run with oneDNN failed on this machine ({ONEDNN_REASON}), so with "
             f"oneDNN off (`--onednn_off`: PyTorch's own kernels, {orchestration.ONEDNN_OFF_STEPS} steps a run) "
             "**250 words/s**; ours (small") in line
     goals = {text: (value, met) for text, value, met in report.goals(results)}
