@@ -213,28 +213,42 @@ def merge_torch_rounds(results):
 
 
 
-def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
-    """Every measurement of the benchmark; returns the results as a dict."""
-    small = dict(steps=10 if quick else 30, repeats=3 if quick else 5, warmup=5 if quick else 10,
-                 data_path=data_path)
-    medium = dict(steps=3 if quick else 6, repeats=3, warmup=2 if quick else 3, data_path=data_path)
-    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-               "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0)),
-               "cpu": cpu_description()}
-    results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"], "sizes": [1024, 2048, 3072],
-                                    "repeats": 3 if quick else 5})
-    train = {"kind": "train", "config_name": "config_small", **small}
+def _small_train(small):
+    return {"kind": "train", "config_name": "config_small", **small}
+
+
+def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
+    """The measurements of one round, as (name, measure), in the order they run. The machine's
+    speed can move within the minutes a round takes, so each measurement that a goal compares
+    with another runs next to it, or with one run between: the PyTorch references right after
+    our steps of the same precision, the step's matmuls alone (the ceiling) between the small
+    and the medium steps, and each 2-rank step beside the runs it is set against. The levers,
+    each compared with one of these, follow."""
+    train = _small_train(small)
     distributed = {**train, "distributed": True}
     collectives = {"kind": "collectives", "config_name": "config_small", **small}
-    # The measurements whose ratios make the goals run in alternating rounds.
+    bf16 = {**train, "overrides": ["precision=mixed_bfloat16"]}
+    medium_train = {"kind": "train", "config_name": "config_medium", **medium}
+    medium_bf16 = {**medium_train, "overrides": ["precision=mixed_bfloat16"]}
+    # The PyTorch references need PTB; a single reference run swung from 5.6k to 7.2k words/s
+    # between benches on the same machine, more than the goal's margin, so they are in the rounds.
+    torch = bool(data_path)
     measurements = [
-        ("small", lambda: run_worker(train)),
+        ("medium_bf16", lambda: run_worker(medium_bf16)),
+        ("medium", lambda: run_worker(medium_train)),
         ("bound", lambda: run_worker({"kind": "bound", "config_name": "config_small", "repeats": small["repeats"]})),
-        ("hvd_1x2", lambda: run_worker(distributed, ranks=1)),
-        ("hvd_2x1", lambda: run_worker(distributed, ranks=2)),
-        ("unsynced_2x1", lambda: run_unsynced(train)),
-        ("hvd_2x1_vader", lambda: run_worker(distributed, ranks=2, mca=VADER)),
+        ("small", lambda: run_worker(train))]
+    if torch:
+        measurements.append(("torch", lambda: torch_reference(data_path, torch_steps)))
+    measurements.append(("small_bf16", lambda: run_worker(bf16)))
+    if torch:
+        measurements.append(("torch_bf16", lambda: torch_reference(data_path, torch_steps, bf16=True)))
+    measurements += [
         ("collectives_2x1", lambda: run_worker(collectives, ranks=2)),
+        ("unsynced_2x1", lambda: run_unsynced(train)),
+        ("hvd_2x1", lambda: run_worker(distributed, ranks=2)),
+        ("hvd_1x2", lambda: run_worker(distributed, ranks=1)),
+        ("hvd_2x1_vader", lambda: run_worker(distributed, ranks=2, mca=VADER)),
         ("collectives_2x1_vader", lambda: run_worker(collectives, ranks=2, mca=VADER)),
         # What bit-equality between worlds costs: a one process that adds what N ranks add,
         # and the ordered reduction that makes 3 or more ranks add in one order.
@@ -243,21 +257,10 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         ("hvd_2x1_ordered", lambda: run_worker({**distributed, "allreduce": "ordered"}, ranks=2)),
         ("hvd_4x1", lambda: run_worker(distributed, ranks=4)),
         ("hvd_4x1_ordered", lambda: run_worker({**distributed, "allreduce": "ordered"}, ranks=4))]
-    bf16 = {**train, "overrides": ["precision=mixed_bfloat16"]}
-    measurements.append(("small_bf16", lambda: run_worker(bf16)))
-    # The medium goals are ratios too: in the rounds, beside the small step.
-    medium_train = {"kind": "train", "config_name": "config_medium", **medium}
-    medium_bf16 = {**medium_train, "overrides": ["precision=mixed_bfloat16"]}
-    measurements += [("medium", lambda: run_worker(medium_train)), ("medium_bf16", lambda: run_worker(medium_bf16))]
-    if data_path:
-        # In the rounds as well: a single reference run swung from 5.6k to 7.2k words/s between
-        # benches on the same machine, more than the goal's margin.
-        measurements.append(("torch", lambda: torch_reference(data_path, torch_steps)))
-        measurements.append(("torch_bf16", lambda: torch_reference(data_path, torch_steps, bf16=True)))
+    if torch:
         # The loop reads the corpus files, so it needs PTB.
         measurements.append(("small_loop", lambda: run_worker({**train, "kind": "loop"})))
     if levers:
-        # In the rounds too, so that each lever compares with its baseline of the same minute.
         measurements += [
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
             ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
@@ -268,13 +271,27 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
             ("hvd_2x1_fusion", lambda: run_worker(distributed, ranks=2,
                                                   env={"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024)})),
             ("hvd_2x1_fp16", lambda: run_worker({**distributed, "fp16_allreduce": True}, ranks=2))]
+    return measurements
+
+
+def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
+    """Every measurement of the benchmark; returns the results as a dict."""
+    small = dict(steps=10 if quick else 30, repeats=3 if quick else 5, warmup=5 if quick else 10,
+                 data_path=data_path)
+    medium = dict(steps=3 if quick else 6, repeats=3, warmup=2 if quick else 3, data_path=data_path)
+    results = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "busy_before": busy_trainers(), "cores": len(os.sched_getaffinity(0)),
+               "cpu": cpu_description()}
+    results["matmul"] = run_worker({"kind": "matmul", "dtypes": ["float32", "bfloat16"], "sizes": [1024, 2048, 3072],
+                                    "repeats": 3 if quick else 5})
+    measurements = round_measurements(data_path, small, medium, levers, torch_steps)
     results["rounds"] = interleave(measurements, 1 if quick else rounds)
     for name, _ in measurements:
         per_round = [round_results[name] for round_results in results["rounds"]]
         results[name] = merge_torch_rounds(per_round) if name.startswith("torch") else merge_rounds(per_round)
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):
-            task = {**distributed, **extra}
+            task = {**_small_train(small), "distributed": True, **extra}
             env = dict(env or {})
             if timeline:
                 # Recording the timeline slows the step, so the timed rows run without it

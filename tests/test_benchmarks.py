@@ -125,6 +125,29 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
     assert calls == ["a", "b", "a", "b"] and order == [{"a": "a", "b": "b"}] * 2
 
 
+# The pairs of measurements that report.goals sets against each other in a round.
+GOAL_PAIRS = [("small", "torch"), ("small_bf16", "torch_bf16"), ("small", "bound"), ("medium", "bound"),
+              ("small", "small_bf16"), ("medium", "medium_bf16"), ("hvd_2x1", "hvd_1x2"),
+              ("hvd_2x1_vader", "hvd_1x2"), ("hvd_2x1", "unsynced_2x1"), ("collectives_2x1", "hvd_2x1"),
+              ("collectives_2x1_vader", "hvd_2x1_vader")]
+
+
+def test_each_goal_compares_measurements_taken_next_to_each_other():
+    # A round takes minutes on a machine whose speed moves: a goal's two sides run one after
+    # the other, or with one run between; the PyTorch references right after our step.
+    small = dict(steps=30, repeats=5, warmup=10, data_path="ptb")
+    medium = dict(steps=6, repeats=3, warmup=3, data_path="ptb")
+    names = [name for name, _ in orchestration.round_measurements("ptb", small, medium, levers=True)]
+    assert len(names) == len(set(names))
+    for ours, other in GOAL_PAIRS:
+        assert abs(names.index(ours) - names.index(other)) <= 2, (ours, other, names)
+    assert names.index("torch") == names.index("small") + 1
+    assert names.index("torch_bf16") == names.index("small_bf16") + 1
+    # Without PTB there is no reference and no loop, and the rest keeps its order.
+    without = [name for name, _ in orchestration.round_measurements(None, small, medium, levers=True)]
+    assert without == [name for name in names if name not in ("torch", "torch_bf16", "small_loop")]
+
+
 def test_bench_levers_compare_with_their_baseline_round_by_round():
     row = _bench_row
     # Round 2 ran on a busy machine: both sides slowed alike, so the ratio holds.
