@@ -213,8 +213,9 @@ def merge_torch_rounds(results):
 
 
 
-def _small_train(small):
-    return {"kind": "train", "config_name": "config_small", **small}
+def _small_task(kind, small, **extra):
+    """A worker's task on config_small with the run's steps, repeats and data."""
+    return {"kind": kind, "config_name": "config_small", **small, **extra}
 
 
 def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
@@ -224,9 +225,9 @@ def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
     our steps of the same precision, the step's matmuls alone (the ceiling) between the small
     and the medium steps, and each 2-rank step beside the runs it is set against. The levers,
     each compared with one of these, follow."""
-    train = _small_train(small)
-    distributed = {**train, "distributed": True}
-    collectives = {"kind": "collectives", "config_name": "config_small", **small}
+    train = _small_task("train", small)
+    distributed = _small_task("train", small, distributed=True)
+    collectives = _small_task("collectives", small)
     bf16 = {**train, "overrides": ["precision=mixed_bfloat16"]}
     medium_train = {"kind": "train", "config_name": "config_medium", **medium}
     medium_bf16 = {**medium_train, "overrides": ["precision=mixed_bfloat16"]}
@@ -291,7 +292,7 @@ def run_all(data_path, quick=False, levers=False, torch_steps=300, rounds=3):
         results[name] = merge_torch_rounds(per_round) if name.startswith("torch") else merge_rounds(per_round)
     with tempfile.TemporaryDirectory() as tmp:
         def horovod(ranks, name, env=None, mca=None, timeline=False, **extra):
-            task = {**_small_train(small), "distributed": True, **extra}
+            task = _small_task("train", small, distributed=True, **extra)
             env = dict(env or {})
             if timeline:
                 # Recording the timeline slows the step, so the timed rows run without it
