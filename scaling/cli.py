@@ -102,7 +102,7 @@ def get_computes(args, shape, overrides):
                     reverse=True)
     measured = {}
     for rows in needed:
-        measured[rows], _ = compute(args.config, rows, args.ranks_per_host, overrides, data_path)
+        measured[rows], _, _ = compute(args.config, rows, args.ranks_per_host, overrides, data_path)
         print(f"[how_many_hosts] compute, {rows} rows x {args.ranks_per_host} rank(s) side by side: "
               f"{measured[rows].seconds * 1e3:.1f} ms", file=sys.stderr, flush=True)
 

@@ -21,8 +21,10 @@ and the compute by the benchmark's worker,
 the run's ranks side by side on this machine with no communication. The machine is shared,
 so the inputs and the run see the same minute of its other load. The compute is measured
 once more right after the run (`compute_after_s`): where the machine's speed moves from
-minute to minute, the model takes the mean of the two. The JSON keeps every input and
-every measured step; tests/test_scaling_model.py recomputes the predictions from it.
+minute to minute, the model takes the mean of the two. The JSON keeps every input, every
+measured step of the run and of both computes (`compute_steps_ms`, `compute_after_steps_ms`:
+the slowest rank's, from which the straggler term's spread can be estimated again);
+tests/test_scaling_model.py recomputes the predictions from it.
 Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
 the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
 and sent again. --queue_ms sets how long a packet may wait in a tbf queue (200 ms by default).
@@ -168,13 +170,12 @@ def inputs(hosts, config, ranks, mode, data_path):
     probed = job(hosts, measure.probe_command(["host1", "host2"]), probe.TAG)
     probed_all = (job(hosts, measure.probe_command([f"host{i + 1}" for i in range(ranks)]), probe.TAG)
                   if ranks > 2 else None)
-    compute, cpu = measure_compute(config, ranks, mode, data_path)
-    return probed, probed_all, compute, cpu
+    return (probed, probed_all, *measure_compute(config, ranks, mode, data_path))
 
 
 def measure_compute(config, ranks, mode, data_path):
     """The compute of a case's rows with its ranks side by side (one thread each: the worker
-    splits 2 cores over 2 or more), and each rank's CPU seconds a step."""
+    splits 2 cores over 2 or more), each rank's CPU seconds a step, and the slowest rank's steps in ms."""
     from scaling import measure
     from scaling.model import Shape
     rows = Shape(**shape(config, ranks, mode)).rows(ranks)
@@ -246,19 +247,20 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None, timelines=None):
                     hosts.cap(link, queue=f"{queue_ms}ms")
                 for config, _, ranks, mode in [case for case in cases if case[1] == link]:
                     quiet = wait_for_quiet()
-                    probed, probed_all, compute, cpu = inputs(hosts, config, ranks, mode,
+                    probed, probed_all, compute, cpu, steps = inputs(hosts, config, ranks, mode,
                                                               os.path.abspath(data_path))
                     timeline = (os.path.join(timelines, f"{config}_{link}_{ranks}_{mode}.json")
                                 if timelines else None)
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
                                         tempfile.mkdtemp(prefix="case.", dir=work), timeline)
-                    after, cpu_after = measure_compute(config, ranks, mode, os.path.abspath(data_path))
+                    after, cpu_after, steps_after = measure_compute(config, ranks, mode, os.path.abspath(data_path))
                     results["cases"].append({
                         "config": config, "link": link, "ranks": ranks, "mode": mode,
                         "shape": shape(config, ranks, mode), "probe": probed,
                         **({"probe_all": probed_all} if probed_all else {}), "compute_s": compute.seconds,
-                        "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "compute_after_s": after.seconds,
-                        "compute_after_sd_s": after.sd, "compute_after_cpu_s": cpu_after,
+                        "compute_sd_s": compute.sd, "compute_cpu_s": cpu, "compute_steps_ms": steps,
+                        "compute_after_s": after.seconds, "compute_after_sd_s": after.sd,
+                        "compute_after_cpu_s": cpu_after, "compute_after_steps_ms": steps_after,
                         "other_cores_before": quiet, **measured})
                     print(f"{config} {link} {ranks} {mode}: compute {compute.seconds * 1e3:.1f} ms, "
                           f"{after.seconds * 1e3:.1f} after the run, probe "
