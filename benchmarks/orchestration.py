@@ -65,7 +65,8 @@ def run_worker(task, ranks=0, env=None, mca=None, timeout=900):
 def run_unsynced(task, ranks=2, timeout=900):
     """The 2x1 step's compute alone: `ranks` processes at once, each training its rows with
     one thread and no communication. Against the Horovod 2x1 row this gives what communication
-    adds to the step. Returns the slowest rank's result (the step a synchronised run would wait for)."""
+    adds to the step. Returns the slowest rank's result (the step a synchronised run would wait for),
+    with every rank's steps in `ranks_windows_ms`, which say how far the ranks' steps spread apart."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
     launches = [Launch([PYTHON, ENTRY, "--worker",
                         json.dumps({**task, "unsynced_rank": [rank, ranks]})], env=env, cwd=ROOT)
@@ -84,7 +85,8 @@ def run_unsynced(task, ranks=2, timeout=900):
     slowest = max(results, key=lambda r: r["ms_per_step"][0])
     # Each worker already counts the global batch's tokens and FLOPs; its words/s stand as they are.
     slowest.update(ranks=ranks, cpu_ms_per_step=[r["cpu_ms_per_step"][0] for r in results],
-                   peak_rss_mb=[r["peak_rss_mb"][0] for r in results])
+                   peak_rss_mb=[r["peak_rss_mb"][0] for r in results],
+                   ranks_windows_ms=[r["windows_ms"] for r in results])
     print(f"[bench] unsynced {ranks}x1: {slowest['ms_per_step'][0]:.1f}", file=sys.stderr, flush=True)
     return slowest
 
@@ -195,6 +197,8 @@ def merge_rounds(results):
             per_rank = zip(*[r[key] if isinstance(r[key], list) else [r[key]] for r in results])
             cpu = [statistics.median(values) for values in per_rank]
             merged[key] = cpu if isinstance(results[0][key], list) else cpu[0]
+    if "ranks_windows_ms" in merged:
+        merged["ranks_windows_ms"] = [sum(rank, []) for rank in zip(*[r["ranks_windows_ms"] for r in results])]
     if "peak_rss_mb" in merged:
         merged["peak_rss_mb"] = [max(values) for values in zip(*[r["peak_rss_mb"] for r in results])]
     return merged

@@ -25,9 +25,9 @@ def mpirun(hosts, program):
 def compute(config_name, rows, side_by_side=1, overrides=(), data_path=""):
     """The compute of a step on `rows` rows, no communication, with `side_by_side` ranks at once on
     this machine (each with its share of the cores, as under mpirun), timed step by step by the
-    benchmark's worker. Returns (Compute, each rank's CPU seconds per step, the slowest rank's
-    every step in ms, from which the spread can be estimated again); the Compute's `cpu` is the
-    busiest rank's. The median and the spread are the slowest rank's over the middle half
+    benchmark's worker. Returns (Compute, each rank's CPU seconds per step, each rank's every step
+    in ms, from which the straggler term's spread can be estimated again); the Compute's `cpu` is
+    the busiest rank's. The median and the spread are the slowest rank's over the middle half
     of its steps: the side-by-side ranks start and end apart, and one alone at either end runs
     faster than a synchronised step lets it; the spread is the interquartile range over 1.349 (a
     normal's sd), which a slow step or two leaves alone."""
@@ -43,7 +43,7 @@ def compute(config_name, rows, side_by_side=1, overrides=(), data_path=""):
     quartiles = statistics.quantiles(windows, n=4)
     cpu = [ms / 1e3 for ms in result["cpu_ms_per_step"]]
     return Compute(statistics.median(windows), (quartiles[2] - quartiles[0]) / 1.349, max(cpu)), cpu, \
-        result["windows_ms"]
+        result["ranks_windows_ms"]
 
 
 def tagged(stdout, tag):

@@ -23,7 +23,7 @@ so the inputs and the run see the same minute of its other load. The compute is 
 once more right after the run (`compute_after_s`): where the machine's speed moves from
 minute to minute, the model takes the mean of the two. The JSON keeps every input, every
 measured step of the run and of both computes (`compute_steps_ms`, `compute_after_steps_ms`:
-the slowest rank's, from which the straggler term's spread can be estimated again);
+each rank's, from which the straggler term's spread can be estimated again);
 tests/test_scaling_model.py recomputes the predictions from it.
 Around each run it also keeps what the hosts' links did (harness/cluster.py's link_counters):
 the packets their tbf queues dropped and held back, and the TCP segments their kernels sent
@@ -175,7 +175,7 @@ def inputs(hosts, config, ranks, mode, data_path):
 
 def measure_compute(config, ranks, mode, data_path):
     """The compute of a case's rows with its ranks side by side (one thread each: the worker
-    splits 2 cores over 2 or more), each rank's CPU seconds a step, and the slowest rank's steps in ms."""
+    splits 2 cores over 2 or more), each rank's CPU seconds a step, and each rank's steps in ms."""
     from scaling import measure
     from scaling.model import Shape
     rows = Shape(**shape(config, ranks, mode)).rows(ranks)

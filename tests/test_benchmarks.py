@@ -119,6 +119,9 @@ def test_bench_ratio_goals_take_the_median_of_alternating_rounds():
     merged = results["hvd_2x1"]
     assert merged["windows_ms"] == [44.4, 80.0, 41.7] and merged["ms_per_step"] == (44.4, 41.7, 80.0)
     assert merged["rounds_ms"] == [44.4, 80.0, 41.7] and merged["words_per_s"][0] == 400 / 44.4 * 1e3
+    # The compute alone keeps each rank's steps: pooled rank by rank over the rounds.
+    unsynced = [row(40.0, 10000, 2, ranks_windows_ms=steps) for steps in ([[40.0, 41.0], [39.0]], [[42.0], [38.0]])]
+    assert orchestration.merge_rounds(unsynced)["ranks_windows_ms"] == [[40.0, 41.0, 42.0], [39.0, 38.0]]
     # The runs are interleaved: every measurement once per round, in turn.
     calls = []
     order = orchestration.interleave([(name, lambda name=name: calls.append(name) or name) for name in "ab"], rounds=2)
