@@ -1,6 +1,7 @@
 """The model against the steps measured on namespace hosts (scripts/shaped_links.py,
 results/scaling/shaped_links.json): each case's prediction from its own measured inputs, and the table."""
 import dataclasses
+import statistics
 
 from scaling.measure import link_of
 from scaling.model import Compute, Horovod, Machine, Shape, predict_step
@@ -27,6 +28,23 @@ def case_compute(case):
         sides.append(("compute_after_s", "compute_after_sd_s", "compute_after_cpu_s"))
     measured = [Compute(case[seconds], case[sd], max(case[cpu])) for seconds, sd, cpu in sides]
     return Compute(*(sum(values) / len(values) for values in zip(*(dataclasses.astuple(c) for c in measured))))
+
+
+def straggler_from_steps(ranks_steps):
+    """The straggler term as the ranks' own steps show it, in seconds, from each rank's steps in
+    ms: over the middle half of the steps, the median of the slowest rank at each step, less the
+    slowest rank's median, which the model's compute already is. The side-by-side ranks start
+    together and never wait for each other, so steps of one index ran at about the same time,
+    not at exactly the same time."""
+    n = min(len(steps) for steps in ranks_steps)
+    kept = range(n // 4, n - n // 4)
+    slowest = max(statistics.median(steps[i] for i in kept) for steps in ranks_steps)
+    return (statistics.median(max(steps[i] for steps in ranks_steps) for i in kept) - slowest) / 1e3
+
+
+def case_straggler_from_steps(case):
+    """straggler_from_steps of a case's compute before its run and after it, their mean."""
+    return statistics.mean(straggler_from_steps(case[key]) for key in ("compute_steps_ms", "compute_after_steps_ms"))
 
 
 def computes_ms(case):
