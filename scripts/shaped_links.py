@@ -248,7 +248,7 @@ def measure_all(data_path, out, only, queue_ms=200, mca=None, timelines=None):
                 for config, _, ranks, mode in [case for case in cases if case[1] == link]:
                     quiet = wait_for_quiet()
                     probed, probed_all, compute, cpu, steps = inputs(hosts, config, ranks, mode,
-                                                              os.path.abspath(data_path))
+                                                                     os.path.abspath(data_path))
                     timeline = (os.path.join(timelines, f"{config}_{link}_{ranks}_{mode}.json")
                                 if timelines else None)
                     measured = run_case(hosts, config, link, ranks, mode, corpus,
