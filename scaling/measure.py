@@ -38,12 +38,16 @@ def compute(config_name, rows, side_by_side=1, overrides=(), data_path=""):
             "overrides": [*overrides, "batch_mode=global", f"batch_size={rows * side_by_side}"],
             "steps": 1, "repeats": 12 if big else 40, "warmup": 3 if big else 10, "data_path": data_path}
     result = run_unsynced(task, ranks=side_by_side)
-    windows = [ms / 1e3 for ms in result["windows_ms"]]
-    windows = windows[len(windows) // 4:len(windows) - len(windows) // 4]
+    windows = middle_half([ms / 1e3 for ms in result["windows_ms"]])
     quartiles = statistics.quantiles(windows, n=4)
     cpu = [ms / 1e3 for ms in result["cpu_ms_per_step"]]
     return Compute(statistics.median(windows), (quartiles[2] - quartiles[0]) / 1.349, max(cpu)), cpu, \
         result["ranks_windows_ms"]
+
+
+def middle_half(steps):
+    """The steps without their first and last quarter, where side-by-side ranks run apart."""
+    return steps[len(steps) // 4:len(steps) - len(steps) // 4]
 
 
 def tagged(stdout, tag):

@@ -3,7 +3,7 @@ results/scaling/shaped_links.json): each case's prediction from its own measured
 import dataclasses
 import statistics
 
-from scaling.measure import link_of
+from scaling.measure import link_of, middle_half
 from scaling.model import Compute, Horovod, Machine, Shape, predict_step
 
 BOUND = 0.15  # the goal: every predicted step within 15% of the measured one
@@ -37,9 +37,9 @@ def straggler_from_steps(ranks_steps):
     together and never wait for each other, so steps of one index ran at about the same time,
     not at exactly the same time."""
     n = min(len(steps) for steps in ranks_steps)
-    kept = range(n // 4, n - n // 4)
-    slowest = max(statistics.median(steps[i] for i in kept) for steps in ranks_steps)
-    return (statistics.median(max(steps[i] for steps in ranks_steps) for i in kept) - slowest) / 1e3
+    kept = [middle_half(steps[:n]) for steps in ranks_steps]
+    slowest = max(statistics.median(steps) for steps in kept)
+    return (statistics.median(max(step) for step in zip(*kept)) - slowest) / 1e3
 
 
 def case_straggler_from_steps(case):
