@@ -80,3 +80,24 @@ def table(results):
             f"{p.straggler_s * 1e3:.0f}) | {error:+.0%} | {case['load_before'][0]:.1f}, {case['load_after'][0]:.1f} "
             f"| {case['other_cores']:.2f} |")
     return lines
+
+
+def straggler_errors(results):
+    """(case, prediction, error, the straggler term from each rank's steps, the error with it) for
+    every case."""
+    out = []
+    for case, p, error in errors(results):
+        term = case_straggler_from_steps(case)
+        out.append((case, p, error, term, (p.step_s - p.straggler_s + term) * 1e3 / case["step_ms"] - 1))
+    return out
+
+
+def straggler_table(results):
+    """Markdown lines: per case the model's straggler term beside the one from each rank's steps,
+    and the model's error with each."""
+    lines = ["| config | ranks | batch | the model's straggler ms | from each rank's steps ms "
+             "| error with the model's | with each rank's |", "|---|---|---|---|---|---|---|"]
+    for case, p, error, term, from_steps in straggler_errors(results):
+        lines.append(f"| {case['config']} | {case['ranks']} | {case['mode']} | {p.straggler_s * 1e3:.1f} "
+                     f"| {term * 1e3:.1f} | {error:+.0%} | {from_steps:+.0%} |")
+    return lines

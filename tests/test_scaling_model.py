@@ -304,14 +304,11 @@ def test_the_straggler_term_against_each_ranks_steps(link):
     assert runs["machine"]["cpu"] == "AMD EPYC" and runs["machine"]["cores"] == 2
     assert len(runs["cases"]) == 12 and {c["link"] for c in runs["cases"]} == {link}
     assert all(len(c["compute_steps_ms"]) == c["ranks"] for c in runs["cases"])
-    errors = validation.errors(runs)
-    terms = [validation.case_straggler_from_steps(case) for case, _, _ in errors]
-    from_steps = [(p.step_s - p.straggler_s + term) * 1e3 / case["step_ms"] - 1
-                  for (case, p, _), term in zip(errors, terms)]
-    assert sum(term < p.straggler_s for (_, p, _), term in zip(errors, terms)) == smaller
-    assert {case_key(case) for case, _, error in errors if abs(error) > validation.BOUND} == misses
-    assert 12 - len(misses) == within and all(low <= error <= high for _, _, error in errors)
-    assert sum(abs(error) <= validation.BOUND for error in from_steps) == within_from_steps
+    rows = validation.straggler_errors(runs)
+    assert sum(term < p.straggler_s for _, p, _, term, _ in rows) == smaller
+    assert {case_key(case) for case, _, error, _, _ in rows if abs(error) > validation.BOUND} == misses
+    assert 12 - len(misses) == within and all(low <= error <= high for _, _, error, _, _ in rows)
+    assert sum(abs(from_steps) <= validation.BOUND for *_, from_steps in rows) == within_from_steps
 
 
 def test_three_ranks_on_two_cores_compute_in_lock_step(shaped_links):
@@ -366,6 +363,8 @@ def test_the_docs_tables_are_the_committed_runs_tables(two_hosts):
                   for entry in ZEN3_RANKS_STEPS.values()]
     for runs in (two_hosts, committed_run(THREE_RANKS_CHECK), *steps_kept, *slices):
         assert "\n".join(validation.table(runs)) + "\n" in docs
+    for runs in steps_kept:
+        assert "\n".join(validation.straggler_table(runs)) + "\n" in docs
 
 
 @pytest.fixture(scope="module")
