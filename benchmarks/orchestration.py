@@ -268,6 +268,7 @@ def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
     if levers:
         measurements += [
             ("small_inter1", lambda: run_worker(train, env={"TF_INTER_OP_PARALLELISM_THREADS": "1"})),
+            ("small_onednn_off", lambda: run_worker(train, env={"TF_ENABLE_ONEDNN_OPTS": "0"})),
             ("small_tf_ops_loss", lambda: run_worker({**train, "tf_ops": ["loss"]})),
             ("small_tf_ops_cell", lambda: run_worker({**train, "tf_ops": ["cell"]})),
             ("small_tf_ops_affine", lambda: run_worker({**train, "tf_ops": ["affine"]})),

@@ -13,4 +13,11 @@ from runtime import tf_notices
 # set is kept), and tf_notices drops the ones printed at import, which no
 # level stops.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow runs its matmuls as oneDNN primitives only on CPUs with
+# AVX512_VNNI, AVX512_BF16 or AMX unless told; elsewhere they are Eigen
+# contractions, which copy both operands into Eigen's layout before oneDNN's
+# kernel reads them. The primitives pack inside their own code, so the suite
+# turns them on for every CPU (BENCHMARKS.md's lever row "oneDNN off" says what
+# it buys on each); a value the user set is kept.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 tf_notices.install()

@@ -3,6 +3,8 @@ import logging
 import os
 import socket
 
+from tensorflow.python.util import _pywrap_util_port
+
 from runtime import reduction
 from texar_lite import kernels
 
@@ -36,6 +38,7 @@ def training_summary(ctx, intra_threads, inter_threads, device, versions, ops, r
         ("LSTM cell", _lstm_cell(ops)),
         ("softmax loss", _softmax_loss(ops)),
         ("affine products", _affine_products(ops) + (f"; {affine_reason}" if affine_reason else "")),
+        ("other matmuls", _tf_matmuls(device)),
         ("TensorFlow", versions.get("tensorflow")),
         ("Horovod", versions.get("horovod") or "not used"),
         ("MPI", versions.get("mpi") or "not used"),
@@ -86,6 +89,16 @@ def _softmax_loss(ops):
 
 def _affine_products(ops):
     return f"{ops.affine} ({ops.affine_reason}: {_library('affine')})" if ops.fused_affine else ops.affine_line
+
+
+def _tf_matmuls(device):
+    """How TensorFlow runs the step's matmuls that are not the suite's own ops."""
+    if device.startswith("GPU"):
+        return "TensorFlow's GPU kernels"
+    setting = f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}"
+    if _pywrap_util_port.IsMklEnabled():
+        return f"oneDNN primitives ({setting}, the suite's default: they pack their operands in their own code)"
+    return f"Eigen contractions ({setting}: Eigen packs the operands for oneDNN's kernel)"
 
 
 def _library(name):

@@ -1,9 +1,10 @@
 """TensorFlow's start-up notices, kept off stderr.
 
-On CPUs where TensorFlow turns oneDNN on by default (AVX512_VNNI, AVX512_BF16
-or AMX), importing it writes notices from C++ straight to file descriptor 2:
-absl's "All log messages before absl::InitializeLog()", oneDNN's "custom
-operations are on" and cpu_feature_guard's instruction list.
+With oneDNN on (the suite's default, runtime/__init__.py; TensorFlow's own on
+CPUs with AVX512_VNNI, AVX512_BF16 or AMX), importing TensorFlow writes
+notices from C++ straight to file descriptor 2: absl's "All log messages
+before absl::InitializeLog()", oneDNN's "custom operations are on" and
+cpu_feature_guard's instruction list.
 TF_CPP_MIN_LOG_LEVEL does not stop the first two (tensorflow#100442), so they
 would come before a run's first line and before every one-line error.
 

@@ -123,8 +123,8 @@ def test_two_ranks_match_one_process_step_by_step(tmp_path, synthetic_corpus, si
 
 
 def test_two_ranks_match_one_process_with_onednn_on_and_off(tmp_path, synthetic_corpus, onednn):
-    """TensorFlow's oneDNN, on by default where the CPU has AVX512_VNNI, AVX512_BF16 or
-    AMX, runs other matmul kernels, whose blocking may follow a rank's row count: the
+    """TensorFlow's oneDNN, on unless the environment turns it off (the suite's default),
+    runs other matmul kernels, whose blocking may follow a rank's row count: the
     bound holds either way."""
     data, _ = synthetic_corpus
     single, multi = str(tmp_path / "single"), str(tmp_path / "multi")

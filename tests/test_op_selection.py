@@ -18,7 +18,7 @@ import tensorflow as tf
 from runtime import job, summary
 from runtime.config import load_config
 from runtime.context import LocalContext
-from conftest import ROOT
+from conftest import PYTHON, ROOT, run_command
 from runtime.plan import BatchPlan
 from runtime.evaluation import make_eval_step
 from runtime.trainer import make_train_step
@@ -193,6 +193,7 @@ def test_the_training_summary_names_the_models_ops_and_why():
     assert gpu["LSTM cell"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["softmax loss"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
     assert gpu["affine products"] == "TF ops (the fused kernel is CPU-only and this run is on GPU)"
+    assert gpu["other matmuls"] == "TensorFlow's GPU kernels"
     cpu = rows("CPU")
     # The library and the CPU flags setup built it for (scripts/kernel_isa.sh's choice for this CPU).
     isa = _kernel_isa()
@@ -211,6 +212,23 @@ def test_the_training_summary_names_the_models_ops_and_why():
         assert bf16["LSTM cell"] == f"TF ops ({BF16_REASON})"
     assert bf16["affine products"] == f"TF ops ({BF16_AFFINE_REASON})"
     assert bf16["precision"].startswith("mixed_bfloat16")
+
+
+ONEDNN_PRIMITIVES = ("oneDNN primitives (TF_ENABLE_ONEDNN_OPTS=1, the suite's default: they pack their operands "
+                     "in their own code)")
+
+
+@pytest.mark.parametrize("setting, want", [
+    (None, ONEDNN_PRIMITIVES), ("1", ONEDNN_PRIMITIVES),
+    ("0", "Eigen contractions (TF_ENABLE_ONEDNN_OPTS=0: Eigen packs the operands for oneDNN's kernel)")])
+def test_tensorflows_matmuls_run_as_onednn_primitives_unless_the_environment_says_not(monkeypatch, setting, want):
+    # Read from TensorFlow itself in a fresh process, where the suite's default meets the import.
+    if setting is None:
+        monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    else:
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", setting)
+    result = run_command([PYTHON, "-c", "from runtime import summary; print(summary._tf_matmuls('CPU'))"], timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, want), result.stderr
 
 
 def test_a_cpu_without_bf16_products_runs_mixed_bfloat16_with_the_tf_ops_cell(monkeypatch):

@@ -107,8 +107,8 @@ def test_resume_after_an_epoch_is_exact(tmp_path, synthetic_corpus, straight):
 
 
 def test_resume_mid_epoch_is_exact_with_onednn_on_and_off(tmp_path, synthetic_corpus, onednn):
-    """TensorFlow's oneDNN, on by default where the CPU has AVX512_VNNI, AVX512_BF16 or
-    AMX, runs other kernels: a resume is exact either way."""
+    """TensorFlow's oneDNN, on unless the environment turns it off (the suite's default),
+    runs other kernels: a resume is exact either way."""
     straight_run, out = tmp_path / "straight", tmp_path / "out"
     ok(lm_ptb(args(synthetic_corpus[0], straight_run), timeout=200))
     proc = lm_ptb(args(synthetic_corpus[0], out), timeout=200, hooks=["--fault", "rank=0,epoch=1,step=4,mode=term"])
