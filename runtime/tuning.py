@@ -23,10 +23,11 @@ The groups change the order in which the step adds its rows' gradients: one
 process with G groups computes what G ranks compute (runtime/reduction.py);
 the two kinds of products round differently. So the choice is made once and
 kept in RECORD_NAME, in the user's cache
-folder, keyed by what decides it: the CPU, the cores, TensorFlow, the fused
-kernels' build, the step's shapes and precision, and the candidates. Every later run on the same
-machine and config reads the same choice, and the training summary says
-what it is and the times it rests on. Remove the record to measure again.
+folder, keyed by what decides it: the CPU, the cores, TensorFlow and its
+oneDNN setting, the fused kernels' build, the step's shapes and precision,
+and the candidates. Every later run on the same machine and config reads
+the same choice, and the training summary says what it is and the times it
+rests on. Remove the record to measure again.
 
 Under a launcher each rank decides before MPI starts, from the launcher's
 world and local sizes: its step is its share of the rows on its share of the
@@ -110,14 +111,16 @@ def affine_products(config):
 def record_key(config, core_count, rows, candidates_timed):
     """What decides the choice, as a string: the same on every run of this machine and config
     (core_count and rows: a rank's share of the cores and of the batch; candidates_timed: the
-    (row groups, affine products) pairs to choose from)."""
+    (row groups, affine products) pairs to choose from). TensorFlow's oneDNN setting is part of it:
+    it decides which library runs TensorFlow's MatMul."""
     from texar_lite import kernels
     import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
     cell = config["cell"]
     flags = hashlib.sha256(" ".join(sorted(kernels.cpu_flags())).encode()).hexdigest()[:16]
     return json.dumps({
         "cpu": kernels.cpuinfo_value("model name") or platform.processor(), "flags": flags, "cores": core_count,
-        "tensorflow": tf.__version__, "kernels": _kernels_build(),
+        "tensorflow": tf.__version__, "kernels": _kernels_build(), "onednn": _pywrap_util_port.IsMklEnabled(),
         "rows": rows, "num_steps": config["num_steps"], "emb": config["emb"]["dim"],
         "units": cell["kwargs"]["num_units"], "layers": cell["num_layers"], "vocab": config["vocab_size"],
         "precision": config["precision"], "candidates": [list(pair) for pair in candidates_timed]}, sort_keys=True)

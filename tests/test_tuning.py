@@ -211,6 +211,21 @@ def test_the_ranks_choices_must_agree():
     assert tuning.mismatch(context.LocalContext(), auto) is None
 
 
+def test_the_record_is_kept_apart_for_each_onednn_setting(monkeypatch):
+    # TensorFlow's MatMul is another library with oneDNN on or off, so a choice made under one
+    # setting is not read under the other.
+    from runtime.config import load_config
+    from tensorflow.python.util import _pywrap_util_port
+    args = (load_config(TINY_CONFIG, []), 2, 20, [(1, "fused"), (1, "tf")])
+    keys = {}
+    for on in (True, False):
+        monkeypatch.setattr(_pywrap_util_port, "IsMklEnabled", lambda on=on: on)
+        keys[on] = tuning.record_key(*args)
+    assert json.loads(keys[True])["onednn"] is True and json.loads(keys[False])["onednn"] is False
+    assert {k: v for k, v in json.loads(keys[True]).items() if k != "onednn"} == {
+        k: v for k, v in json.loads(keys[False]).items() if k != "onednn"}
+
+
 def _seed_record(cache, rows, cores, groups):
     """A record that says `groups` for the tiny config at those rows and cores, as a host's earlier run left it."""
     from runtime.config import load_config
