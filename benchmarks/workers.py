@@ -303,7 +303,7 @@ def measure_collectives(config_name, steps=30, repeats=5, warmup=10, data_path="
         return call
 
     # The same call without the collectives times what calling a function costs (Python and
-    # dispatch, about 1 ms here); every step pays it anyway, so it is taken off.
+    # dispatch); every step pays it anyway, so it is taken off.
     calls = {"collectives": make_call(True), "empty": make_call(False)}
     windows = {name: [] for name in calls}
     for _ in range(warmup):
@@ -353,8 +353,7 @@ def worker(argv):
     if kind == "matmul":
         result = {}
         for dtype in task["dtypes"]:
-            # One size can hit a poor blocking on a given CPU (on one machine 2048^3 ran at 70% of
-            # 3072^3), so each ceiling is the fastest of a few.
+            # One size can hit a poor blocking on a given CPU, so each ceiling is the fastest of a few.
             sizes = task.get("sizes", [2048])
             by_size = {n: matmul_gflops(n=n, dtype=dtype, repeats=task["repeats"]) for n in sizes}
             best = max(sizes, key=lambda n: by_size[n][0][0])
