@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # AVX512_VNNI, AVX512_BF16 or AMX unless told; elsewhere they are Eigen
 # contractions, which copy both operands into Eigen's layout before oneDNN's
 # kernel reads them. The primitives pack inside their own code, so the suite
-# turns them on for every CPU (BENCHMARKS.md's lever row "oneDNN off" says what
-# it buys on each); a value the user set is kept.
+# turns them on for every CPU (BENCHMARKS.md's lever row TF_ENABLE_ONEDNN_OPTS=0
+# says what it buys on each); a value the user set is kept.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 tf_notices.install()
