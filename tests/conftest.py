@@ -14,6 +14,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# Before any test module loads TensorFlow: this process then runs it with the
+# environment the scripts give it (runtime/__init__.py), as the ranks it starts do.
+import runtime  # noqa: E402,F401
 from harness import cluster as cluster_lib  # noqa: E402
 import synthetic_ptb  # noqa: E402
 from harness.launch import Launch, run_bounded  # noqa: E402
