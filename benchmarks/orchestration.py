@@ -240,7 +240,11 @@ def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
     torch = bool(data_path)
     measurements = [
         ("medium_bf16", lambda: run_worker(medium_bf16)),
-        ("medium", lambda: run_worker(medium_train)),
+        ("medium", lambda: run_worker(medium_train))]
+    if levers:
+        # Beside the medium step it is set against, as the goals' pairs run; the other levers follow.
+        measurements.append(("medium_tf_ops_affine", lambda: run_worker({**medium_train, "tf_ops": ["affine"]})))
+    measurements += [
         ("bound", lambda: run_worker({"kind": "bound", "config_name": "config_small", "repeats": small["repeats"]})),
         ("small", lambda: run_worker(train))]
     if torch:
