@@ -179,6 +179,8 @@ def test_each_goal_compares_measurements_taken_next_to_each_other(monkeypatch):
         assert abs(names.index(ours) - names.index(other)) <= 2, (ours, other, names)
     assert names.index("torch") == names.index("small") + 1
     assert names.index("torch_bf16") == names.index("small_bf16") + 1
+    # Medium's lever runs minutes before the small step's levers, so right after its baseline.
+    assert names.index("medium_tf_ops_affine") == names.index("medium") + 1
     # Without PTB there is no reference and no loop, and the rest keeps its order.
     without = [name for name, _ in orchestration.round_measurements(None, small, medium, levers=True)]
     assert without == [name for name in names if name not in ("torch", "torch_bf16", "small_loop")]
