@@ -197,6 +197,8 @@ def merge_rounds(results):
             per_rank = zip(*[r[key] if isinstance(r[key], list) else [r[key]] for r in results])
             cpu = [statistics.median(values) for values in per_rank]
             merged[key] = cpu if isinstance(results[0][key], list) else cpu[0]
+    if "beside_gflops" in merged:
+        merged["beside_gflops"] = [rate for result in results for rate in result["beside_gflops"]]
     if "ranks_windows_ms" in merged:
         merged["ranks_windows_ms"] = [sum(rank, []) for rank in zip(*[r["ranks_windows_ms"] for r in results])]
     if "peak_rss_mb" in merged:
@@ -222,12 +224,17 @@ def _small_task(kind, small, **extra):
     return {"kind": kind, "config_name": "config_small", **small, **extra}
 
 
+# The size of the fp32 product the small and medium steps are timed beside (the ceiling's).
+BESIDE_PRODUCT = 2048
+
+
 def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
     """The measurements of one round, as (name, measure), in the order they run. The machine's
     speed can move within the minutes a round takes, so each measurement that a goal compares
     with another runs next to it, or with one run between: the PyTorch references right after
     our steps of the same precision, the step's matmuls alone (the ceiling) between the small
-    and the medium steps, and each 2-rank step beside the runs it is set against. The levers,
+    and the medium steps, and each 2-rank step beside the runs it is set against; the small and
+    medium steps also time the ceiling's product around each of their windows. The levers,
     each compared with one of these, follow."""
     train = _small_task("train", small)
     distributed = _small_task("train", small, distributed=True)
@@ -240,13 +247,13 @@ def round_measurements(data_path, small, medium, levers=False, torch_steps=300):
     torch = bool(data_path)
     measurements = [
         ("medium_bf16", lambda: run_worker(medium_bf16)),
-        ("medium", lambda: run_worker(medium_train))]
+        ("medium", lambda: run_worker({**medium_train, "beside_product": BESIDE_PRODUCT}))]
     if levers:
         # Beside the medium step it is set against, as the goals' pairs run; the other levers follow.
         measurements.append(("medium_tf_ops_affine", lambda: run_worker({**medium_train, "tf_ops": ["affine"]})))
     measurements += [
         ("bound", lambda: run_worker({"kind": "bound", "config_name": "config_small", "repeats": small["repeats"]})),
-        ("small", lambda: run_worker(train))]
+        ("small", lambda: run_worker({**train, "beside_product": BESIDE_PRODUCT}))]
     if torch:
         measurements.append(("torch", lambda: torch_reference(data_path, torch_steps)))
     measurements.append(("small_bf16", lambda: run_worker(bf16)))

@@ -8,7 +8,7 @@ import shlex
 import statistics
 
 from benchmarks.analytic import gradient_bytes, predict_step
-from benchmarks.orchestration import MCA, MPIRUN, ROOT, TORCH_REFERENCE, TORCH_WRAPPER
+from benchmarks.orchestration import BESIDE_PRODUCT, MCA, MPIRUN, ROOT, TORCH_REFERENCE, TORCH_WRAPPER
 
 MARK_BEGIN, MARK_END = "<!-- bench:begin {} -->", "<!-- bench:end {} -->"
 # The CPU classes whose speed differs in kind, the widest first: (flag in the run's CPU line, class, its name).
@@ -228,6 +228,22 @@ def _per_round(results, measure, text, fmt, met):
     return text, shown, met(median)
 
 
+def _beside_share(row):
+    """The median over a step's windows of its GFLOP/s against the product timed beside that window."""
+    return statistics.median(row["flops_per_step"] / ms / 1e6 / rate
+                             for ms, rate in zip(row["windows_ms"], row["beside_gflops"]))
+
+
+def _beside_goal(results, name, share, fmt):
+    """The share goal of `name`'s step against the product timed beside its windows, when every round has it."""
+    if not all("beside_gflops" in r.get(name, {}) for r in _rounds(results)):
+        return []
+    return [_per_round(results, lambda r: _beside_share(r[name]),
+                       f"{name} step >= {share:.0%} of the {BESIDE_PRODUCT}^3 product timed beside each of its "
+                       "windows of steps, the machine's speed of that moment (the median of the windows' shares)",
+                       fmt, lambda v: v >= share)]
+
+
 def _medium_in_rounds(results):
     # A run saved before the medium steps joined the rounds measured them once.
     return all("medium" in paired for paired in results.get("rounds", []))
@@ -260,6 +276,7 @@ def goals(results):
         results, lambda r: r["small"]["flops_per_step"] / r["small"]["cpu_ms_per_step"][0] / 1e6 / ceiling(r)[1],
         f"the same in CPU time: step GFLOP per CPU-second against the ceiling's ({source})", percent,
         lambda v: v >= GOAL_CEILING_SHARE))
+    out += _beside_goal(results, "small", GOAL_CEILING_SHARE, percent)
     medium = results.get("medium")
     medium_results = results if _medium_in_rounds(results) else {**results, "rounds": []}
     if medium:
@@ -268,6 +285,7 @@ def goals(results):
             lambda r: r["medium"]["flops_per_step"] / r["medium"]["ms_per_step"][0] / 1e6 / ceiling(r)[0],
             f"medium step >= {GOAL_MEDIUM_CEILING_SHARE:.0%} of fp32 ceiling ({source})", percent,
             lambda v: v >= GOAL_MEDIUM_CEILING_SHARE))
+        out += _beside_goal(medium_results, "medium", GOAL_MEDIUM_CEILING_SHARE, percent)
     key, name = cpu_class(results)
     small_goal, medium_goal = GOAL_BF16_STEP.get(key, (None, None))
     if results.get("small_bf16"):
@@ -402,7 +420,7 @@ def render(results, command):
               "per-round ratios (with their range). "
               "Collective ms is rank 0's "
               "time inside Horovod collectives after negotiation (Horovod timeline), transfer ms the MPI "
-              "part of it.", ""]
+              f"part of it.{_beside_text(results)}", ""]
     for line in (bf16_line(results), torch_line(results)):
         if line:
             lines += [line, ""]
@@ -418,6 +436,14 @@ def render(results, command):
     lines += _render_scaling(results)
     lines += ["", MARK_END.format(key)]
     return "\n".join(lines)
+
+
+def _beside_text(results):
+    if "beside_gflops" not in results["small"]:
+        return ""
+    return (f" The small and medium steps ran beside the {BESIDE_PRODUCT}^3 product: a window of it in the same "
+            "process and threads before their first window of steps and after each, so that each window's "
+            "GFLOP/s has the machine's speed of that moment beside it (the mean of the two products around it).")
 
 
 def _render_scaling(results):

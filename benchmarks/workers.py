@@ -28,6 +28,14 @@ def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
     Also returns the median GFLOP per CPU-second (all threads' CPU time), the
     yardstick for CPU time per step.
     """
+    window = product_timer(n, dtype, inner)
+    rates, cpu_rates = zip(*[window() for _ in range(repeats)])
+    return spread(list(rates)), statistics.median(cpu_rates)
+
+
+def product_timer(n=2048, dtype="float32", inner=3):
+    """A function that times one window of n x n x n tf.matmul products and returns their
+    (GFLOP/s, GFLOP per CPU-second); the operands are made and the product traced once."""
     import tensorflow as tf
     a = tf.cast(tf.random.uniform([n, n]), dtype)
     b = tf.cast(tf.random.uniform([n, n]), dtype)
@@ -36,14 +44,14 @@ def matmul_gflops(n=2048, dtype="float32", repeats=5, inner=3):
     product(a, b).numpy()
     # Windows of at least MIN_WINDOW_S: bf16 on AMX does 1024^3 in about a millisecond.
     inner = max(inner, math.ceil(MIN_WINDOW_S / max(time.perf_counter() - start, 1e-6)))
-    rates, cpu_rates = [], []
-    for _ in range(repeats):
+
+    def window():
         start, start_cpu = time.perf_counter(), _cpu_seconds()
         for _ in range(inner):
             product(a, b).numpy()
-        rates.append(2 * n ** 3 * inner / (time.perf_counter() - start) / 1e9)
-        cpu_rates.append(2 * n ** 3 * inner / (_cpu_seconds() - start_cpu) / 1e9)
-    return spread(rates), statistics.median(cpu_rates)
+        flops = 2 * n ** 3 * inner
+        return flops / (time.perf_counter() - start) / 1e9, flops / (_cpu_seconds() - start_cpu) / 1e9
+    return window
 
 
 def step_matmuls(config_name, repeats=5, inner=10, vocab_size=10000):
@@ -174,7 +182,7 @@ class TrainSteps:
 
 def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, data_path="",
                      distributed=False, sparse_as_dense=False, fp16_allreduce=False, timeline="", tf_ops=(),
-                     unsynced_rank=None, row_groups=1, allreduce="ring"):
+                     unsynced_rank=None, row_groups=1, allreduce="ring", beside_product=0):
     """Times the trainer's own train step, fed and synchronised as train_and_evaluate does.
 
     Returns a dict with ms/step and words/s (global: all ranks' tokens), the
@@ -197,13 +205,18 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
     run(warmup, 0)
     if timeline and ctx.is_rank0:
         hvd.start_timeline(timeline)
-    windows, cpu = [], []
+    # The machine's speed can move within a measurement; a product timed right before and after
+    # each window says how fast it was then.
+    product = product_timer(beside_product) if beside_product else None
+    windows, cpu, products = [], [], [product()[0]] if product else []
     horovod_start = _thread_cpu_seconds(horovod_threads)
     for repeat in range(repeats):
         start, start_cpu = time.perf_counter(), _cpu_seconds()
         run(steps, warmup + repeat * steps)
         windows.append((time.perf_counter() - start) * 1e3 / steps)
         cpu.append((_cpu_seconds() - start_cpu) * 1e3 / steps)
+        if product:
+            products.append(product()[0])
     horovod_cpu = (_thread_cpu_seconds(horovod_threads) - horovod_start) * 1e3 / (steps * repeats)
     # CPU time per step barely moves when other processes share the cores,
     # unlike wall time, so it is the figure to compare across busy runs.
@@ -211,6 +224,8 @@ def measure_training(config_name, overrides=(), steps=30, repeats=5, warmup=10, 
               "cpu_ms_per_step": ctx.allgather_object(statistics.median(cpu), name="cpu_ms")}
     if distributed:
         result["horovod_cpu_ms_per_step"] = ctx.allgather_object(horovod_cpu, name="horovod_cpu_ms")
+    if product:
+        result["beside_gflops"] = [(before + after) / 2 for before, after in zip(products, products[1:])]
     if timeline and ctx.is_rank0:
         hvd.stop_timeline()
         result["collectives_ms"] = collective_ms(timeline, steps * repeats)

@@ -30,3 +30,15 @@ def test_bench_loop_worker_times_lm_ptbs_own_loop(synthetic_corpus):
     tokens = tiny["batch_size"] * tiny["num_steps"]
     assert loop["tokens_per_step"] == tokens and len(loop["windows_ms"]) == 2
     assert loop["words_per_s"] == list(spread([tokens / ms * 1e3 for ms in loop["windows_ms"]]))
+
+
+def test_bench_train_worker_times_the_product_beside_its_windows(synthetic_corpus):
+    # A window of the n^3 product before the first window of steps and after each, in the
+    # worker's own process: one rate for each window of steps, the mean of the two around it.
+    few = {"config_name": "tests/config_tiny.py", "steps": 2, "repeats": 3, "warmup": 1,
+           "data_path": synthetic_corpus[0]}
+    train = orchestration.run_worker({"kind": "train", **few, "beside_product": 256}, timeout=300)
+    assert len(train["windows_ms"]) == len(train["beside_gflops"]) == 3
+    assert all(rate > 0 for rate in train["beside_gflops"])
+    assert "beside_gflops" not in orchestration.run_worker({"kind": "train", **few}, timeout=300)
+

@@ -291,3 +291,29 @@ def test_bench_writes_the_block_of_its_cpu_model(tmp_path, monkeypatch):
         "<!-- bench:begin amx family 6 model 207 -->\nnew amx\n<!-- bench:end amx family 6 model 207 -->\n\n"
         "## Measured on AMD EPYC, family 25 model 1 (CPUs with AVX2)\n\n"
         "<!-- bench:begin avx2 family 25 model 1 -->\nnew zen3\n<!-- bench:end avx2 family 25 model 1 -->\n")
+
+
+def test_bench_share_of_the_product_timed_beside_each_window():
+    row = _bench_row
+    # Each round's small step in two windows, each set against the mean of the products timed
+    # before and after it: round 1 runs 6.4 GFLOP in 40 and 32 ms (160 and 200 GFLOP/s) beside
+    # 200 and 240 GFLOP/s, shares 80% and 83.3%, their median 81.7%; round 2 ran on a machine half
+    # as fast, both sides alike (100%); round 3 beside a faster product (62.5%).
+    rounds = [{"small": row(36.0, 11111, windows_ms=[40.0, 32.0], beside_gflops=[200.0, 240.0])},
+              {"small": row(64.0, 6250, windows_ms=[64.0, 64.0], beside_gflops=[100.0, 100.0])},
+              {"small": row(32.0, 12500, windows_ms=[32.0, 32.0], beside_gflops=[320.0, 320.0])}]
+    results = {"matmul": {"float32": (310.0, 300.0, 320.0), "float32_per_cpu_s": 160.0}, "rounds": rounds,
+               "small": orchestration.merge_rounds([r["small"] for r in rounds])}
+    assert results["small"]["beside_gflops"] == [200.0, 240.0, 100.0, 100.0, 320.0, 320.0]
+    got = {text.split(" (")[0]: (value, met) for text, value, met in report.goals(results)}
+    beside = "small step >= 75% of the 2048^3 product timed beside each of its windows of steps, the machine's " \
+             "speed of that moment"
+    assert got[beside] == ("81.7% (62.5% to 100.0% over 3 rounds)", True)
+    # Against the run's one ceiling, the fastest product (320 GFLOP/s), the rounds' medians give
+    # 55.6% (177.8 GFLOP/s in 36 ms), 31.2% and 62.5%.
+    assert got["small step >= 75% of fp32 ceiling"] == ("55.6% (31.2% to 62.5% over 3 rounds)", False)
+    # A run without the products beside its windows has no such row.
+    for r in rounds:
+        del r["small"]["beside_gflops"]
+    results["small"] = orchestration.merge_rounds([r["small"] for r in rounds])
+    assert not [text for text, _, _ in report.goals(results) if "beside" in text]
