@@ -224,7 +224,7 @@ def _small_task(kind, small, **extra):
     return {"kind": kind, "config_name": "config_small", **small, **extra}
 
 
-# The size of the fp32 product the small and medium steps are timed beside (the ceiling's).
+# The size of the fp32 product the small and medium steps are timed beside, one of the ceiling's sizes.
 BESIDE_PRODUCT = 2048
 
 

@@ -41,4 +41,3 @@ def test_bench_train_worker_times_the_product_beside_its_windows(synthetic_corpu
     assert len(train["windows_ms"]) == len(train["beside_gflops"]) == 3
     assert all(rate > 0 for rate in train["beside_gflops"])
     assert "beside_gflops" not in orchestration.run_worker({"kind": "train", **few}, timeout=300)
-
