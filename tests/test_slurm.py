@@ -1,7 +1,8 @@
 """slurm/train.sbatch, submitted as it is, on a Slurm cluster of two namespace
 hosts (harness/slurm.py): a full run, a host lost mid-epoch, the time limit's
 warning signal (also before mpirun has started), ranks that fail after it
-instead of stopping, a job that stops without progress, and scancel. A
+instead of stopping, a job that stops without progress, and scancel; and,
+outside Slurm, the hand-on beside a fork of mpirun before its exec. A
 requeued job must end as the uninterrupted run does, and a job that ends must
 leave no process on either host.
 
@@ -10,6 +11,7 @@ jobs run lm_ptb_distributed.py through tests/hooked_entry.py, in the runs the
 test names (the first one unless it says otherwise), by way of a PYTHON the
 script runs in place of .venv/bin/python.
 """
+import contextlib
 import errno
 import json
 import os
@@ -17,6 +19,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import time
 import uuid
 
@@ -406,3 +409,79 @@ def test_scancel(slurm, synthetic_corpus, tmp_path):
     print(f"scancel: job ended and its processes gone in {seconds:.1f} s")
     assert (fields["JobState"], fields["Restarts"], left) == ("CANCELLED", "0", [])
     assert seconds <= 15
+
+
+# mpirun's part in a hand-on, as Open MPI plays it: its SIGUSR1 handler writes to
+# a pipe that its main loop reads and forwards from, and a fork of it shares
+# both. It holds one fork that never execs (as one before the exec of its rank),
+# beside the rank it started, until that rank ends.
+FAKE_MPIRUN = """#!{python}
+import os, select, signal, sys
+wake_r, wake_w = os.pipe()
+signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(wake_w, b"u"))
+hold_r, hold_w = os.pipe()
+held = os.fork()
+if held == 0:
+    os.close(hold_w)
+    os.read(hold_r, 1)
+    os._exit(0)
+rank_argv = sys.argv[sys.argv.index("slot") + 1:]
+rank = os.fork()
+if rank == 0:
+    os.execv(rank_argv[0], rank_argv)
+while True:
+    if select.select([wake_r], [], [], 0.1)[0]:
+        os.read(wake_r, 1)
+        print("mpirun: Forwarding signal 10 to job", file=sys.stderr, flush=True)
+        os.kill(rank, signal.SIGUSR1)
+    pid, status = os.waitpid(rank, os.WNOHANG)
+    if pid:
+        os.close(hold_w)
+        os.waitpid(held, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+"""
+# A rank that stops on SIGUSR1 as lm_ptb_distributed.py does, once it says it is ready.
+FAKE_RANK = """#!/bin/bash
+trap 'echo "rank 0: stopped by signal at epoch 1 step 1; resume continues" >&2; exit 1' USR1
+touch "$RANK_READY"
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_hand_on_skips_a_fork_of_mpirun_before_its_exec(tmp_path):
+    """The time limit's warning while mpirun holds a fork that has yet to exec a
+    rank: it shows the rank's command line and mpirun's handler for SIGUSR1, and
+    a signal to it would make mpirun forward the signal to ranks that may not
+    catch it yet. The script hands the signal to the rank alone, which stops on
+    it, and requeues the job. The script runs outside Slurm here, with stand-ins
+    for mpirun, the rank and scontrol first on its PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    programs = {"mpirun": FAKE_MPIRUN.format(python=PYTHON), "rank": FAKE_RANK,
+                "scontrol": '#!/bin/sh\necho "$@" > "$SCONTROL_ARGS"\n'}
+    for name, text in programs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    ready, scontrol_args, output = tmp_path / "ready", tmp_path / "scontrol_args", tmp_path / "job.out"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHON=str(bin_dir / "rank"),
+               RANK_READY=str(ready), SCONTROL_ARGS=str(scontrol_args), SLURM_JOB_ID="7", SLURM_JOB_NAME="lm_ptb")
+    with open(output, "w") as out:
+        script = subprocess.Popen(["bash", SCRIPT, "--output_dir", str(tmp_path / "out")], stdout=out, stderr=out,
+                                  env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert script.poll() is None and time.monotonic() < deadline, output.read_text()
+            time.sleep(0.05)
+        script.send_signal(signal.SIGUSR1)
+        status = script.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
+    text = output.read_text()
+    assert status == 1, text
+    assert "Forwarding signal" not in text, text
+    assert HANDED_ON in text, text
+    assert "the ranks stopped on SIGUSR1 at no checkpoint (exit status 1); requeueing job 7" in text, text
+    assert scontrol_args.read_text() == "requeue 7\n"
