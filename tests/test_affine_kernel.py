@@ -6,10 +6,11 @@ import tensorflow as tf
 
 from texar_lite import decoder, kernels, op_selection
 
-# Rows, depth and columns around the tile's edges (6 or 14 rows, 16 or 32
+# Rows, depth and columns around the tile's edges (6 or 8 rows, 16 or 32
 # columns), across depth blocks of 704 (the kernel gradient's depth is the rows),
 # and the small config's softmax layer.
-SHAPES = [(1, 1, 1), (7, 5, 19), (13, 300, 33), (29, 513, 70), (29, 1409, 70), (1409, 13, 33), (400, 200, 1000)]
+SHAPES = [(1, 1, 1), (7, 5, 19), (9, 64, 64), (13, 300, 33), (17, 200, 97), (29, 513, 70), (29, 1409, 70),
+          (1409, 13, 33), (400, 200, 1000)]
 
 
 def _ops():

@@ -1,6 +1,6 @@
 """The affine ops' two register tiles give the same bits (texar_lite/kernels/affine.cc).
 
-setup builds affine.cc for the CPU at hand: with AVX-512 its tile is 14 rows by 2
+setup builds affine.cc for the CPU at hand: with AVX-512 its tile is 8 rows by 2
 packets of 16 floats, otherwise 6 rows by 2 packets of 8. Every output element is one
 chain of fused multiply-adds over the shared dimension whatever the tile, so the two
 builds must agree bit for bit, and a model trained on one CPU class computes what it

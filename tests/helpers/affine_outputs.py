@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-# (rows, depth, columns): both tiles' edges (6 and 14 rows, 16 and 32 columns), across
+# (rows, depth, columns): both tiles' edges (6 and 8 rows, 16 and 32 columns), across
 # depth blocks of 704 (the kernel gradient's depth is the rows), the configs' softmax layers,
 # and empty operands.
-SHAPES = [(1, 1, 1), (6, 64, 16), (7, 5, 19), (13, 300, 33), (14, 64, 32), (15, 64, 31), (28, 700, 64),
-          (29, 1409, 70), (1409, 13, 33), (3, 1500, 47), (20, 200, 800), (400, 200, 10000), (700, 650, 10000),
-          (0, 5, 7), (5, 0, 7)]
+SHAPES = [(1, 1, 1), (6, 64, 16), (7, 5, 19), (8, 64, 32), (9, 64, 31), (13, 300, 33), (16, 64, 96), (17, 300, 97),
+          (28, 700, 64), (29, 1409, 70), (1409, 13, 33), (3, 1500, 47), (20, 200, 800), (400, 200, 10000),
+          (700, 650, 10000), (0, 5, 7), (5, 0, 7)]
 
 library, out = tf.load_op_library(sys.argv[1]), {}
 rng = np.random.default_rng(0)

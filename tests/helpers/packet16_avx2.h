@@ -1,6 +1,6 @@
 // AVX-512's 16-float packet held in two AVX2 registers, for
 // tests/test_affine_layouts.py: compiled into texar_lite/kernels/affine.cc in
-// place of Eigen's packet, it runs the AVX-512 build's tile (14 rows by 2
+// place of Eigen's packet, it runs the AVX-512 build's tile (8 rows by 2
 // packets of 16 floats) on a CPU with AVX2 and FMA alone. Each lane is the same
 // fused multiply-add as in a 512-bit register. The aligned load and store
 // check the 64-byte alignment that _mm512_load_ps and _mm512_store_ps fault

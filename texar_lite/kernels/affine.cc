@@ -23,6 +23,10 @@
 // left operand (the smaller one: the rows of a batch, or the layer's width),
 // which then stream from the caches, and one panel of its columns at a
 // time, which stays in a near cache while every row block passes over it.
+// Two kinds of memory wait are hidden behind the sums: a tile's output rows,
+// a whole output row apart, are fetched for writing as the tile starts, and
+// the next panel's rows of the right operand, as far apart, are fetched a few
+// at a time beside each row block of the current panel.
 // Each depth block reads and writes the whole output once more, and at the
 // softmax layer's shapes the output outgrows the caches, so an extra pass
 // through memory costs more than a deeper block of the left operand does:
@@ -66,8 +70,12 @@ using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int64_t kPacket = Eigen::internal::packet_traits<float>::size;
 // The tile's kRows x 2 sums, its 2 packets of the right operand and one
 // broadcast value must fit the vector registers: 32 with AVX-512, else 16.
+// With AVX-512 a panel is 2 x 16 columns, and the block of the left operand's
+// rows that passes over it must leave it room in the level-1 data cache
+// (32 KB on some of these CPUs): at the small config's width 8 rows do, and
+// 14, the most the registers hold, do not.
 #if defined(__AVX512F__)
-constexpr int64_t kRows = 14;
+constexpr int64_t kRows = 8;
 #else
 constexpr int64_t kRows = 6;
 #endif
@@ -88,6 +96,13 @@ struct Matrix {
 template <bool accumulate>
 void Tile(int64_t depth, const float* a, const float* b, float* c, int64_t ldc, const float* bias) {
   using namespace Eigen::internal;
+  if (!accumulate) {
+    // The output's rows lie a whole row of the output apart, far in memory, and each
+    // store would wait for its line: the lines are fetched while the tile sums.
+    for (int r = 0; r < kRows; ++r) {
+      for (int p = 0; p < 2; ++p) __builtin_prefetch(c + r * ldc + p * kPacket, 1, 3);
+    }
+  }
   Packet sum[kRows][2];
   for (int r = 0; r < kRows; ++r) {
     for (int p = 0; p < 2; ++p) {
@@ -158,6 +173,19 @@ struct Product {
   float* c;
   int64_t ldc;
 
+  // The next panel's part of the right operand, brought toward the core beside row block
+  // `row_block` of this panel: its rows lie a row of the operand apart, and PackPanel would
+  // otherwise wait on each in turn. Spread over the row blocks, a few lines each.
+  void PrefetchNextPanel(int64_t n, int64_t k0, int64_t block, int64_t row_block) const {
+    if (b.column_step != 1 || n + 2 * kColumns > columns) return;
+    const int64_t row_blocks = (rows + kRows - 1) / kRows;
+    const int64_t per_block = (block + row_blocks - 1) / row_blocks, from = row_block * per_block;
+    for (int64_t k = from; k < std::min(block, from + per_block); ++k) {
+      const float* next = b.data + (k0 + k) * b.row_step + n + kColumns;
+      for (int p = 0; p < 2; ++p) __builtin_prefetch(next + p * kPacket, 0, 2);
+    }
+  }
+
   void Columns(int64_t first, int64_t last) const {
     const int64_t padded_rows = (rows + kRows - 1) / kRows * kRows;
     Buffer packed_rows(padded_rows * std::min(depth, kDepthBlock)), panel(kColumns * std::min(depth, kDepthBlock));
@@ -180,6 +208,7 @@ struct Product {
         }
         for (int64_t m = 0; m < rows; m += kRows) {
           const int64_t height = std::min(kRows, rows - m);
+          PrefetchNextPanel(n, k0, block, m / kRows);
           const bool whole = height == kRows && width == kColumns;
           // A tile past the output's edge is summed whole into `spill`, and its part inside copied out.
           float* out = whole ? c + m * ldc + n : spill.data();
