@@ -27,6 +27,9 @@ CONTROLLER_ADDRESS = "254"  # on the cluster's subnet
 PACKAGE_LIST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
                             "slurm_packages.txt")
 SLURMD_TIMEOUT_S = 10
+# What a client command prints when slurmctld has not answered within MessageTimeout.
+CONTROLLER_SILENT = "Socket timed out on send/recv operation"
+QUERY_TRIES = 3
 
 SLURM_CONF = """ClusterName=lmptb
 SlurmctldHost={controller}({controller_address})
@@ -181,17 +184,23 @@ class SlurmCluster:
         """The environment of a client command: the cluster's slurm.conf."""
         return dict(os.environ if base is None else base, SLURM_CONF=self.conf)
 
-    def command(self, *args, env=None, cwd=None, timeout=30, check=True):
-        """Runs a client command (sbatch, squeue, scontrol, ...) on the login host."""
-        done = subprocess.run(self._in_controller([str(a) for a in args]), env=self.env(env), cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+    def command(self, *args, env=None, cwd=None, timeout=30, check=True, query=False):
+        """Runs a client command (sbatch, squeue, scontrol, ...) on the login host. A query
+        (a read that changes nothing) is asked again, up to QUERY_TRIES times in all, when
+        slurmctld does not answer it within MessageTimeout, as on a machine whose cores the
+        tests' ranks fill; a command that acts is never repeated."""
+        for _ in range(QUERY_TRIES if query else 1):
+            done = subprocess.run(self._in_controller([str(a) for a in args]), env=self.env(env), cwd=cwd,
+                                  capture_output=True, text=True, timeout=timeout)
+            if CONTROLLER_SILENT not in done.stderr:
+                break
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(map(str, args))} exited {done.returncode}: {done.stderr.strip()}")
         return done
 
     def nodes(self):
         """{node name: state} as sinfo sees them (idle, alloc, down*, ...)."""
-        out = self.command("sinfo", "-h", "-N", "-o", "%N %t").stdout
+        out = self.command("sinfo", "-h", "-N", "-o", "%N %t", query=True).stdout
         return dict(line.split() for line in out.splitlines())
 
     def wait_idle(self, timeout):
@@ -205,7 +214,7 @@ class SlurmCluster:
 
     def job(self, job_id):
         """The job's fields as `scontrol show job` gives them (JobState, Restarts, NodeList, ExitCode, ...)."""
-        out = self.command("scontrol", "-o", "show", "job", job_id).stdout
+        out = self.command("scontrol", "-o", "show", "job", job_id, query=True).stdout
         return dict(word.split("=", 1) for word in out.split() if "=" in word)
 
     def job_processes(self, host):
