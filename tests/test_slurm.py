@@ -2,7 +2,8 @@
 hosts (harness/slurm.py): a full run, a host lost mid-epoch, the time limit's
 warning signal (also before mpirun has started), ranks that fail after it
 instead of stopping, a job that stops without progress, and scancel; and,
-outside Slurm, the hand-on beside a fork of mpirun before its exec. A
+outside Slurm, the hand-on beside a fork of mpirun before its exec, and the
+harness's query asked again while slurmctld is silent. A
 requeued job must end as the uninterrupted run does, and a job that ends must
 leave no process on either host.
 
@@ -485,3 +486,46 @@ def test_the_hand_on_skips_a_fork_of_mpirun_before_its_exec(tmp_path):
     assert HANDED_ON in text, text
     assert "the ranks stopped on SIGUSR1 at no checkpoint (exit status 1); requeueing job 7" in text, text
     assert scontrol_args.read_text() == "requeue 7\n"
+
+
+# A client command that slurmctld leaves unanswered its first $SILENT calls, as
+# a busy controller does, and answers after; each call adds a line to $CALLS.
+SILENT_CONTROLLER = f"""#!/bin/sh
+echo "$*" >> "$CALLS"
+if [ "$(wc -l < "$CALLS")" -le "$SILENT" ]; then
+    echo "slurm_load_jobs error: {slurm_lib.CONTROLLER_SILENT}" >&2
+    exit 1
+fi
+echo "JobId=$4 JobState=RUNNING Restarts=0"
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("silent, calls", [(0, 1), (2, 3), (3, 3)])
+def test_a_query_is_asked_again_while_slurmctld_is_silent(tmp_path, monkeypatch, silent, calls):
+    """The harness's job query asks again, QUERY_TRIES times in all, while slurmctld
+    does not answer, and fails with slurmctld's line once every try went unanswered;
+    a command that acts (sbatch) runs once. scontrol and sbatch are stand-ins here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("scontrol", "sbatch"):
+        (bin_dir / name).write_text(SILENT_CONTROLLER)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(log))
+    monkeypatch.setenv("SILENT", str(silent))
+    cluster = slurm_lib.SlurmCluster.__new__(slurm_lib.SlurmCluster)
+    cluster.conf = str(tmp_path / "slurm.conf")
+    monkeypatch.setattr(cluster, "_in_controller", lambda cmd, name=None: cmd)
+    if calls > silent:
+        assert cluster.job("4") == {"JobId": "4", "JobState": "RUNNING", "Restarts": "0"}
+    else:
+        with pytest.raises(RuntimeError, match=f"scontrol -o show job 4 exited 1: .*{slurm_lib.CONTROLLER_SILENT}"):
+            cluster.job("4")
+    assert log.read_text() == "-o show job 4\n" * calls
+    if silent:
+        log.unlink()
+        with pytest.raises(RuntimeError, match="sbatch --parsable x.sbatch exited 1"):
+            cluster.submit("x.sbatch")
+        assert log.read_text() == "--parsable x.sbatch\n"
